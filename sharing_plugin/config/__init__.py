@@ -1,0 +1,1 @@
+"""Config: the model (pure) and its loader."""

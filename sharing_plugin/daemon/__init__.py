@@ -1,0 +1,1 @@
+"""Orchestration: the supervisor that turns plans into running resource servers."""

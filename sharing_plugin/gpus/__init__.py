@@ -1,0 +1,1 @@
+"""GPUs: the inventory values, the NVML adapter, the simulated NVML and the model catalog."""

@@ -1,0 +1,1 @@
+"""Kubelet adapters: device plugin servers, registration, PodResources, and a simulator."""

@@ -1,0 +1,1 @@
+"""MIG partitioning: the pure placement solver."""

@@ -1,0 +1,1 @@
+"""MIG placement solver (pure): desired profile counts + current instances -> a MigPlan."""

@@ -1,0 +1,1 @@
+"""Plan: (config, inventory) -> what each resource advertises, and Allocate answers. Pure."""

@@ -1,0 +1,22 @@
+"""Fixtures shared by every test folder."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import pytest
+
+
+@pytest.fixture(autouse=True)
+async def _no_leftover_tasks() -> AsyncIterator[None]:
+    """Fail a test that leaves asyncio tasks running behind it."""
+    before = set(asyncio.all_tasks())
+    yield
+    current = asyncio.current_task()
+    left = [t for t in asyncio.all_tasks() - before if t is not current and not t.done()]
+    if left:
+        for task in left:
+            task.cancel()
+        names = [t.get_name() for t in left]
+        pytest.fail(f"test left {len(left)} asyncio task(s) running: {names}")
