@@ -1,1 +1,6 @@
-"""Generated kubelet API code (deviceplugin/v1beta1, podresources/v1). Do not edit."""
+"""Kubelet API: our .proto files, the code generated from them (do not edit), and constants.
+
+deviceplugin/v1beta1 and podresources/v1 live in separate directories so that each api.proto is
+registered in the protobuf descriptor pool under its own path. Regenerate with
+`python -m sharing_plugin.kubelet.api.generate`.
+"""
