@@ -1,51 +1,52 @@
 """Facts about GPU models that NVML cannot be asked before the fact: MIG profiles and placements.
 
 Each catalogued model lists its MIG profiles as NVIDIA documents them (profile name, NVML
-GPU-instance profile id, memory slices, how many may exist, where they may start). The simulator
-enforces these rules when creating instances and the MIG solver searches within them, so a layout
-is known to fit before anything touches the hardware.
+GPU-instance profile index and id, memory slices, how many may exist, where they may start). The
+simulator enforces these rules when creating instances and the MIG solver searches within them,
+so a layout is known to fit before anything touches the hardware.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from sharing_plugin.errors import MigError
+from sharing_plugin.gpus.catalog.models import MODELS
+from sharing_plugin.gpus.catalog.types import GpuModel, MigModel, MigProfileSpec
+
+__all__ = [
+    "MODELS",
+    "GpuModel",
+    "MigModel",
+    "MigProfileSpec",
+    "model_for",
+    "resolve_profile",
+]
+
+_BY_PRODUCT: dict[str, GpuModel] = {p: m for m in MODELS for p in m.products}
 
 
-@dataclass(frozen=True, slots=True)
-class MigProfileSpec:
-    """One GPU-instance profile of a model, e.g. ``3g.40gb`` on an A100-80GB."""
+def model_for(product: str) -> GpuModel | None:
+    """The catalogued model of a GPU from the name NVML reports for it; None when unknown.
 
-    name: str  # "1g.10gb", "1g.10gb+me"
-    gi_profile_id: int  # NVML_GPU_INSTANCE_PROFILE_* (e.g. 0 = 1 slice, 7 = 1 slice REV1 "+me")
-    ci_profile_id: int  # NVML_COMPUTE_INSTANCE_PROFILE_* of the compute instance spanning the GI
-    compute_slices: int  # the "Ng" part
-    memory_slices: int  # placement size, in memory slices
-    max_count: int  # how many instances of this profile fit on one GPU at most
-    starts: tuple[int, ...]  # allowed placement starts, in memory slices
-    memory_mib: int
-    sm_count: int
+    Drivers before R470 report some products without the "NVIDIA " prefix (e.g.
+    "A100-SXM4-40GB"), so that spelling resolves too.
+    """
+    name = product.strip()
+    found = _BY_PRODUCT.get(name)
+    if found is None and not name.startswith(("NVIDIA ", "Tesla ")):
+        found = _BY_PRODUCT.get(f"NVIDIA {name}")
+    return found
 
 
-@dataclass(frozen=True, slots=True)
-class MigModel:
-    """The MIG geometry of a model."""
-
-    memory_slices: int  # 8 on A100/H100/H200, 4 on A30
-    compute_slices: int  # 7 on A100/H100/H200, 4 on A30
-    profiles: tuple[MigProfileSpec, ...]
-
-    def profile(self, name: str) -> MigProfileSpec | None:
-        return next((p for p in self.profiles if p.name == name), None)
-
-    def profile_by_id(self, gi_profile_id: int) -> MigProfileSpec | None:
-        return next((p for p in self.profiles if p.gi_profile_id == gi_profile_id), None)
-
-
-@dataclass(frozen=True, slots=True)
-class GpuModel:
-    """A GPU model as NVML names it, with what the simulator needs to impersonate it."""
-
-    products: tuple[str, ...]  # every nvmlDeviceGetName string of this model
-    memory_mib: int
-    compute_capability: tuple[int, int]
-    mig: MigModel | None = None
+def resolve_profile(model: GpuModel, name: str) -> MigProfileSpec:
+    """The profile `name` means on `model` (names resolve per model: ``1g.10gb`` on an A100-40GB
+    is a different profile than on an A100-80GB); raises MigError listing the model's profiles.
+    """
+    if model.mig is None:
+        raise MigError(f"{model.display_name} does not support MIG (profile {name!r} requested)")
+    spec = model.mig.profile(name.strip())
+    if spec is None:
+        known = ", ".join(model.mig.profile_names)
+        raise MigError(
+            f"unknown MIG profile {name!r} for {model.display_name}: its profiles are {known}"
+        )
+    return spec
