@@ -7,7 +7,8 @@
     ├── NvmlError            an NVML call failed (the NVML error name is in the message)
     │   └── GpuLostError     the GPU stopped answering (NVML_ERROR_GPU_IS_LOST)
     ├── AllocationError      a kubelet request the plan refuses (maps to INVALID_ARGUMENT)
-    └── KubeletError         registration or socket trouble with kubelet
+    ├── KubeletError         registration or socket trouble with kubelet
+    └── MetricsServerError   the metrics/health HTTP address cannot be listened on
 
 Library errors are translated at the adapter boundary (`raise ... from exc`); only the entry point
 turns errors into exit codes.
@@ -79,3 +80,7 @@ class AllocationError(SharingPluginError):
 
 class KubeletError(SharingPluginError):
     """Registration with kubelet failed, or its sockets are not usable."""
+
+
+class MetricsServerError(SharingPluginError):
+    """The metrics/health HTTP server cannot listen on its address (in use, not local, ...)."""

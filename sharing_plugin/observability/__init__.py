@@ -1,1 +1,7 @@
 """Observability: Prometheus metrics and the /healthz, /readyz, /status HTTP endpoints."""
+
+from sharing_plugin.observability.http_server import MetricsServer, parse_metrics_address
+from sharing_plugin.observability.metrics import Metrics
+from sharing_plugin.observability.status import MigState, StatusBoard
+
+__all__ = ["Metrics", "MetricsServer", "MigState", "StatusBoard", "parse_metrics_address"]

@@ -1,0 +1,190 @@
+"""Prometheus metrics of one plugin process, behind methods that take plain Python values.
+
+Every `Metrics` owns its own `CollectorRegistry` instead of prometheus-client's process-wide
+default: tests (and `demo`) run several daemons in one process, and the default registry refuses
+a second collector with the same name. Callers never touch prometheus-client types, so the
+exposition library stays an implementation detail of this module.
+
+Gauges describe the present (devices per resource, GPU health) and are removed with
+`forget_resource` when a reload drops a resource, so a dashboard does not keep showing a resource
+the node no longer advertises. Counters are never removed: Prometheus' `rate()` expects them to
+only grow for the life of the process.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+#: The text exposition format `render()` produces (what Prometheus scrapes).
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+# Allocate answers from an in-memory plan: a healthy round trip is well under a millisecond, so the
+# buckets start at 50 us; anything past 100 ms means the event loop was blocked.
+ALLOCATE_BUCKETS = (
+    0.00005,
+    0.0001,
+    0.00025,
+    0.0005,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+)
+
+_PREFIX = "sharing_plugin"
+
+
+def _result(ok: bool) -> str:
+    return "ok" if ok else "failed"
+
+
+class Metrics:
+    """The plugin's metrics; every method is cheap and safe to call from the event loop."""
+
+    def __init__(self, *, version: str = "unknown", clock: Callable[[], float] = time.time) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        self._clock = clock
+        r = self.registry
+        self._build_info = Gauge(
+            f"{_PREFIX}_build_info",
+            "Always 1; labels carry the plugin version.",
+            ["version"],
+            registry=r,
+        )
+        self._build_info.labels(version).set(1)
+        self._devices = Gauge(
+            f"{_PREFIX}_devices",
+            "Devices advertised to kubelet per resource (healthy, unhealthy and draining).",
+            ["resource"],
+            registry=r,
+        )
+        self._healthy = Gauge(
+            f"{_PREFIX}_healthy_devices",
+            "Devices advertised as Healthy per resource (kubelet's allocatable).",
+            ["resource"],
+            registry=r,
+        )
+        self._draining = Gauge(
+            f"{_PREFIX}_draining_devices",
+            "Devices a reload dropped that a pod still holds (advertised Unhealthy until freed).",
+            ["resource"],
+            registry=r,
+        )
+        self._registered = Gauge(
+            f"{_PREFIX}_resource_registered",
+            "1 when kubelet accepted the resource's registration, else 0.",
+            ["resource"],
+            registry=r,
+        )
+        self._allocations = Counter(
+            f"{_PREFIX}_allocations",
+            "Allocate calls answered, by resource and result (failed = refused request).",
+            ["resource", "result"],
+            registry=r,
+        )
+        self._allocate_seconds = Histogram(
+            f"{_PREFIX}_allocate_duration_seconds",
+            "Time to answer one Allocate call, measured inside the plugin.",
+            ["resource"],
+            buckets=ALLOCATE_BUCKETS,
+            registry=r,
+        )
+        self._registrations = Counter(
+            f"{_PREFIX}_registrations",
+            "Registrations with kubelet, by resource and result.",
+            ["resource", "result"],
+            registry=r,
+        )
+        self._reloads = Counter(
+            f"{_PREFIX}_reloads",
+            "Config reloads, by result (failed = the previous config kept serving).",
+            ["result"],
+            registry=r,
+        )
+        self._reload_successful = Gauge(
+            f"{_PREFIX}_config_last_reload_successful",
+            "1 when the last config reload was applied, 0 when it was rejected.",
+            registry=r,
+        )
+        self._reload_timestamp = Gauge(
+            f"{_PREFIX}_config_last_reload_success_timestamp_seconds",
+            "Unix time of the last config reload that was applied.",
+            registry=r,
+        )
+        self._gpu_health_events = Counter(
+            f"{_PREFIX}_gpu_health_events",
+            "NVML health events received, by GPU UUID and Xid (ignored Xids included).",
+            ["gpu", "xid"],
+            registry=r,
+        )
+        self._gpu_healthy = Gauge(
+            f"{_PREFIX}_gpu_healthy",
+            "1 when the GPU is Healthy, 0 while it is marked Unhealthy.",
+            ["gpu"],
+            registry=r,
+        )
+        self._mig_operations = Counter(
+            f"{_PREFIX}_mig_operations",
+            "MIG instance operations through NVML, by operation and result.",
+            ["operation", "result"],
+            registry=r,
+        )
+
+    # --- resources ---------------------------------------------------------------------------
+
+    def set_devices(self, resource: str, *, total: int, healthy: int, draining: int = 0) -> None:
+        """Record what the resource advertises right now (call after each ListAndWatch push)."""
+        self._devices.labels(resource).set(total)
+        self._healthy.labels(resource).set(healthy)
+        self._draining.labels(resource).set(draining)
+
+    def set_registered(self, resource: str, registered: bool) -> None:
+        self._registered.labels(resource).set(1 if registered else 0)
+
+    def forget_resource(self, resource: str) -> None:
+        """Drop the gauges of a resource a reload removed; its counters keep their totals."""
+        for gauge in (self._devices, self._healthy, self._draining, self._registered):
+            with contextlib.suppress(KeyError):  # never set: nothing to forget
+                gauge.remove(resource)
+
+    def observe_allocate(self, resource: str, seconds: float, *, ok: bool = True) -> None:
+        """Count one Allocate call and record how long answering it took."""
+        self._allocations.labels(resource, _result(ok)).inc()
+        self._allocate_seconds.labels(resource).observe(seconds)
+
+    def count_registration(self, resource: str, *, ok: bool = True) -> None:
+        self._registrations.labels(resource, _result(ok)).inc()
+
+    # --- config ------------------------------------------------------------------------------
+
+    def count_reload(self, ok: bool) -> None:
+        """Count one reload attempt; a rejected one leaves the success timestamp where it was."""
+        self._reloads.labels(_result(ok)).inc()
+        self._reload_successful.set(1 if ok else 0)
+        if ok:
+            self._reload_timestamp.set(self._clock())
+
+    # --- GPUs and MIG ------------------------------------------------------------------------
+
+    def count_health_event(self, gpu: str, xid: int) -> None:
+        self._gpu_health_events.labels(gpu, str(xid)).inc()
+
+    def set_gpu_healthy(self, gpu: str, healthy: bool) -> None:
+        self._gpu_healthy.labels(gpu).set(1 if healthy else 0)
+
+    def count_mig_operation(self, operation: str, *, ok: bool = True) -> None:
+        """Count one MIG operation, e.g. ``create-gpu-instance`` or ``destroy-gpu-instance``."""
+        self._mig_operations.labels(operation, _result(ok)).inc()
+
+    # --- exposition --------------------------------------------------------------------------
+
+    def render(self) -> bytes:
+        """Every metric in the text exposition format (`CONTENT_TYPE`)."""
+        return generate_latest(self.registry)

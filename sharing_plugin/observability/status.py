@@ -1,0 +1,183 @@
+"""What the daemon is doing right now, as the `/status` JSON and the `/readyz` answer.
+
+The daemon writes into a `StatusBoard` as things happen (config applied, reload rejected, resource
+registered, devices pushed, MIG layout pending); the HTTP endpoints only read it. Keeping it a plain
+value holder, with no I/O and no reference to the daemon, lets the endpoints answer while a reload
+is in progress and lets tests drive every state directly.
+
+Readiness means "kubelet knows everything this config advertises": a config has been loaded and
+every resource of it is registered. Until then the DaemonSet's readiness probe keeps a rolling
+update from moving on to the next node, which is what an admin rolling out a new plugin version
+wants.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+
+class MigState(StrEnum):
+    """Where a GPU's declared MIG layout stands."""
+
+    APPLIED = "applied"
+    PENDING = "pending"  # waiting: a pod still holds an instance the new layout drops
+    ERROR = "error"
+
+
+@dataclass(slots=True)
+class ResourceStatus:
+    devices: int = 0
+    healthy: int = 0
+    draining: list[str] = field(default_factory=list)
+    registered: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class ConfigStatus:
+    name: str | None
+    hash: str
+    generation: int
+    loaded_at: dt.datetime
+
+
+def rfc3339(moment: dt.datetime) -> str:
+    """UTC, millisecond precision, `Z` suffix: `2024-05-01T12:00:00.123Z`."""
+    utc = moment.astimezone(dt.UTC)
+    return utc.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+class StatusBoard:
+    """Mutable snapshot of the daemon's state; only the event loop's thread writes to it."""
+
+    def __init__(self) -> None:
+        self._config: ConfigStatus | None = None
+        self._last_error: str | None = None
+        self._resources: dict[str, ResourceStatus] = {}
+        self._mig: dict[str, tuple[MigState, str | None]] = {}
+
+    # --- config ------------------------------------------------------------------------------
+
+    def set_config(
+        self,
+        *,
+        name: str | None,
+        hash: str,
+        generation: int | None = None,
+        loaded_at: dt.datetime | None = None,
+    ) -> int:
+        """Record a config that was applied; clears `lastError`. Returns its generation.
+
+        Without `generation`, the board counts applied configs itself (1, 2, ...).
+        """
+        if generation is None:
+            generation = (self._config.generation if self._config else 0) + 1
+        self._config = ConfigStatus(
+            name=name,
+            hash=hash,
+            generation=generation,
+            loaded_at=loaded_at or dt.datetime.now(dt.UTC),
+        )
+        self._last_error = None
+        return generation
+
+    def set_error(self, message: str | None) -> None:
+        """Show a rejected reload (`file:line:col: path: message`); None clears it."""
+        self._last_error = message
+
+    @property
+    def config(self) -> ConfigStatus | None:
+        return self._config
+
+    @property
+    def last_error(self) -> str | None:
+        return self._last_error
+
+    # --- resources ---------------------------------------------------------------------------
+
+    def set_resource(
+        self,
+        name: str,
+        *,
+        devices: int,
+        healthy: int,
+        draining: Iterable[str] = (),
+        registered: bool | None = None,
+    ) -> None:
+        """Record what a resource advertises; `registered=None` keeps the previous value."""
+        current = self._resources.get(name) or ResourceStatus()
+        self._resources[name] = ResourceStatus(
+            devices=devices,
+            healthy=healthy,
+            draining=sorted(draining),
+            registered=current.registered if registered is None else registered,
+        )
+
+    def set_registered(self, name: str, registered: bool) -> None:
+        """Mark a resource (un)registered; kubelet restarts flip this back to False."""
+        current = self._resources.setdefault(name, ResourceStatus())
+        current.registered = registered
+
+    def remove_resource(self, name: str) -> None:
+        self._resources.pop(name, None)
+
+    @property
+    def resources(self) -> dict[str, ResourceStatus]:
+        """A copy: callers cannot change the board behind its back."""
+        return {
+            name: ResourceStatus(r.devices, r.healthy, list(r.draining), r.registered)
+            for name, r in self._resources.items()
+        }
+
+    # --- MIG ---------------------------------------------------------------------------------
+
+    def set_mig(self, gpu: str, state: MigState | str, reason: str | None = None) -> None:
+        self._mig[gpu] = (MigState(state), reason)
+
+    def remove_mig(self, gpu: str) -> None:
+        self._mig.pop(gpu, None)
+
+    # --- readiness and JSON ------------------------------------------------------------------
+
+    def readiness(self) -> tuple[bool, str]:
+        """(ready, a one-line reason for `/readyz`)."""
+        if self._config is None:
+            return False, "no config loaded yet"
+        waiting = sorted(n for n, r in self._resources.items() if not r.registered)
+        if waiting:
+            return False, "not registered with kubelet: " + ", ".join(waiting)
+        return True, f"ready: {len(self._resources)} resource(s) registered"
+
+    @property
+    def ready(self) -> bool:
+        return self.readiness()[0]
+
+    def to_json(self) -> dict[str, Any]:
+        """The `/status` document (DESIGN §3; `ready` and `registered` are extra keys)."""
+        config = self._config
+        return {
+            "ready": self.ready,
+            "config": {
+                "name": config.name if config else None,
+                "hash": config.hash if config else None,
+                "generation": config.generation if config else 0,
+                "loadedAt": rfc3339(config.loaded_at) if config else None,
+            },
+            "lastError": self._last_error,
+            "resources": {
+                name: {
+                    "devices": r.devices,
+                    "healthy": r.healthy,
+                    "draining": list(r.draining),
+                    "registered": r.registered,
+                }
+                for name, r in sorted(self._resources.items())
+            },
+            "mig": {
+                gpu: {"state": state.value, "reason": reason}
+                for gpu, (state, reason) in sorted(self._mig.items())
+            },
+        }
