@@ -9,6 +9,10 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
+from pathlib import Path
+
+from sharing_plugin.config import load_configs, schema_text
+from sharing_plugin.errors import ConfigError
 
 EXIT_OK = 0
 EXIT_INVALID = 1
@@ -30,11 +34,32 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _cmd_validate(args: argparse.Namespace) -> int:
-    raise NotImplementedError("validate")
+    missing = [name for name in args.files if not Path(name).exists()]
+    for name in missing:
+        print(f"sharing-plugin validate: {name}: no such file or directory", file=sys.stderr)
+    if missing:
+        return EXIT_USAGE
+    status = EXIT_OK
+    for name in args.files:
+        try:
+            configs = load_configs(Path(name))
+        except ConfigError as exc:
+            for problem in exc.problems:
+                print(problem)
+            status = EXIT_INVALID
+            continue
+        for loaded in configs.values():
+            for warning in loaded.warnings:
+                print(f"warning: {loaded.file}: {warning}", file=sys.stderr)
+        names = [key for key in configs if key is not None]
+        listed = f" ({len(names)} configs: {', '.join(names)})" if names else ""
+        print(f"{name}: ok{listed}")
+    return status
 
 
 def _cmd_schema(args: argparse.Namespace) -> int:
-    raise NotImplementedError("schema")
+    sys.stdout.write(schema_text())
+    return EXIT_OK
 
 
 _COMMANDS = {

@@ -1,0 +1,183 @@
+"""Pydantic errors turned into messages an admin can act on, each at its line and column.
+
+Pydantic reports *where* as a `loc` tuple inside the data and *what* in its own words; the admin
+needs file:line:col, the dotted path as written in the YAML, and a plain sentence with the fix
+("did you mean 'renameByDefault'?", "belongs under sharing.timeSlicing").
+"""
+
+from __future__ import annotations
+
+import difflib
+import types
+import typing
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
+
+from sharing_plugin.config.model import MAX_DEVICES_PER_RESOURCE, Config
+from sharing_plugin.config.rules import RULE_ERROR, Issue, format_loc
+from sharing_plugin.config.yamldoc import Document, Mark
+
+Loc = tuple[str | int, ...]
+Remap = Callable[[Mark], Mark]
+
+
+def _submodels(annotation: Any) -> Iterator[tuple[type[BaseModel], bool]]:
+    """The config sections an annotation holds, and whether they are list entries."""
+    origin = typing.get_origin(annotation)
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        yield annotation, False
+    elif origin is tuple:
+        for arg in typing.get_args(annotation):
+            for model, _ in _submodels(arg):
+                yield model, True
+    elif origin in (typing.Union, types.UnionType, typing.Annotated):
+        for arg in typing.get_args(annotation):
+            yield from _submodels(arg)
+
+
+def _sections() -> dict[tuple[str, ...], tuple[type[BaseModel], str]]:
+    """Every section of the config: key path (without list indices) -> (model, display name)."""
+    found: dict[tuple[str, ...], tuple[type[BaseModel], str]] = {}
+
+    def walk(model: type[BaseModel], path: tuple[str, ...], display: str) -> None:
+        found[path] = (model, display)
+        for name, info in model.model_fields.items():
+            for sub, is_list in _submodels(info.annotation):
+                key = info.alias or name
+                shown = f"{display}.{key}" if path else key
+                walk(sub, (*path, key), f"entries of {shown}" if is_list else shown)
+
+    walk(Config, (), "the top level")
+    return found
+
+
+_SECTIONS = _sections()
+
+
+def _keys(model: type[BaseModel]) -> list[str]:
+    return [info.alias or name for name, info in model.model_fields.items()]
+
+
+def unknown_field_message(loc: Loc) -> str:
+    key = str(loc[-1])
+    section = tuple(p for p in loc[:-1] if isinstance(p, str))
+    model, _ = _SECTIONS.get(section, (Config, ""))
+    known = _keys(model)
+    lowered = {k.lower(): k for k in known}
+    if key.lower() in lowered:
+        return f"unknown field {key!r} (did you mean {lowered[key.lower()]!r}?)"
+    elsewhere = sorted(
+        {
+            display
+            for path, (other, display) in _SECTIONS.items()
+            if path != section and key.lower() in (k.lower() for k in _keys(other))
+        }
+    )
+    if elsewhere:
+        return f"unknown field {key!r} here: it belongs under {' or '.join(elsewhere)}"
+    close = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
+    if close:
+        return f"unknown field {key!r} (did you mean {close[0]!r}?)"
+    return f"unknown field {key!r}; known fields here: {', '.join(known)}"
+
+
+_TYPE_NAMES = {
+    "int_type": "an integer",
+    "bool_type": "true or false",
+    "string_type": "a string",
+    "model_type": "a mapping",
+    "model_attributes_type": "a mapping",
+    "dict_type": "a mapping",
+    "tuple_type": "a list",
+    "list_type": "a list",
+}
+
+
+def _kind(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    return {dict: "a mapping", list: "a list", str: "a string", int: "an integer"}.get(
+        type(value), f"a {type(value).__name__}"
+    )
+
+
+def _message(error: Any, loc: Loc) -> str:
+    kind = error["type"]
+    ctx = error.get("ctx") or {}
+    value = error.get("input")
+    if kind == "extra_forbidden":
+        return unknown_field_message(loc)
+    if kind == "missing":
+        return f"required field {loc[-1]!r} is missing"
+    if kind in _TYPE_NAMES:
+        return f"must be {_TYPE_NAMES[kind]} (got {_kind(value)}: {value!r})"
+    if kind == "greater_than_equal":
+        return f"must be >= {ctx['ge']} (got {value!r})"
+    if kind == "less_than_equal":
+        why = ""
+        if loc and loc[-1] == "replicas" and ctx["le"] == MAX_DEVICES_PER_RESOURCE:
+            why = (
+                ": one kubelet ListAndWatch message (4 MiB) carries about 60,000 devices "
+                "per resource"
+            )
+        return f"must be <= {ctx['le']} (got {value!r}){why}"
+    if kind == "too_short":
+        return "must not be empty"
+    if kind == "literal_error" and loc == ("version",):
+        return f"unsupported version {value!r}; supported versions: v1"
+    if kind in ("enum", "literal_error"):
+        expected = ctx.get("expected", "")
+        choices = [c.strip().strip("'") for c in expected.replace(" or ", ", ").split(",")]
+        close = difflib.get_close_matches(str(value), choices, n=1, cutoff=0.5)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        return f"unknown value {value!r}; expected {expected}{hint}"
+    if kind == "string_pattern_mismatch" and "profiles" in loc:
+        return f"{value!r} is not a MIG profile name (e.g. 1g.10gb, 3g.40gb, 1g.10gb+me)"
+    return str(error["msg"])
+
+
+def _errors(exc: ValidationError) -> Iterator[tuple[Loc, str, bool]]:
+    """(loc, message, points at key) for every error, with rule errors split into their issues."""
+    for error in exc.errors(include_url=False):
+        loc: Loc = tuple(error["loc"])
+        ctx = error.get("ctx") or {}
+        if error["type"] == RULE_ERROR:
+            for issue in ctx["issues"]:
+                assert isinstance(issue, Issue)
+                yield (*loc, *issue.loc), issue.message, False
+            continue
+        on_key = error["type"] in ("extra_forbidden",)
+        if error["type"] == "device_selection" and ctx.get("index") is not None:
+            loc = (*loc, ctx["index"])
+        if loc and loc[-1] == "[key]":
+            loc, on_key = loc[:-1], True
+        yield loc, _message(error, loc), on_key
+
+
+def locate(doc: Document, loc: Loc, *, on_key: bool) -> Mark:
+    """The mark of the key or value at `loc`, or of its nearest ancestor that was written."""
+    if on_key and loc in doc.keys:
+        return doc.keys[loc]
+    if loc in doc.values:
+        return doc.values[loc]
+    for end in range(len(loc) - 1, -1, -1):
+        # A missing or unwritten field: point at the closest section that was written.
+        prefix = loc[:end]
+        if prefix in doc.keys:
+            return doc.keys[prefix]
+        if prefix in doc.values and prefix:
+            return doc.values[prefix]
+    return doc.values.get((), Mark(0, 0))
+
+
+def validation_problems(exc: ValidationError, doc: Document) -> list[tuple[str, str, Mark]]:
+    """(dotted path, message, mark) for each error, in document order."""
+    found = [
+        (format_loc(loc), message, locate(doc, loc, on_key=on_key))
+        for loc, message, on_key in _errors(exc)
+    ]
+    return sorted(found, key=lambda item: (item[2].line, item[2].column))

@@ -1,0 +1,165 @@
+"""Rules that span several fields, and the warnings a valid config still deserves.
+
+Pydantic checks one field at a time; these rules compare entries with each other (overlapping
+device selections, rename collisions) or sections with each other (MPS with mixed MIG). Each rule
+yields an `Issue` with the path it is about, relative to the section that checks it, so that the
+loader can point at the exact line. All issues of a section are raised together.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from pydantic_core import PydanticCustomError
+
+from sharing_plugin.config.devices import overlap
+
+if TYPE_CHECKING:
+    from sharing_plugin.config.model import (
+        Config,
+        Partitioning,
+        ReplicatedResource,
+        Sharing,
+    )
+
+Loc = tuple[str | int, ...]
+RULE_ERROR = "config_rule"
+COMPAT = "accepted for compatibility; has no effect here"
+
+
+@dataclass(frozen=True, slots=True)
+class Issue:
+    """A broken cross-field rule: where (relative to the checking section) and what to do."""
+
+    loc: Loc
+    message: str
+
+
+def format_loc(loc: Loc) -> str:
+    """`("sharing", "mps", "resources", 0)` -> `sharing.mps.resources[0]`."""
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else part)
+    return out
+
+
+def raise_issues(issues: Iterable[Issue]) -> None:
+    """Raise every issue at once as one pydantic error; the loader splits them again."""
+    found = tuple(issues)
+    if found:
+        summary = "; ".join(f"{format_loc(i.loc)}: {i.message}" for i in found)
+        raise PydanticCustomError(RULE_ERROR, "{summary}", {"summary": summary, "issues": found})
+
+
+def advertised_name(entry: ReplicatedResource, sharing: Sharing) -> str:
+    """The name an entry's replicas are advertised under (`rename`, `<name>.shared`, or name)."""
+    if entry.rename is not None:
+        return entry.rename
+    return f"{entry.name}.shared" if sharing.rename_by_default else entry.name
+
+
+def sharing_issues(sharing: Sharing) -> Iterator[Issue]:
+    entries = sharing.resources
+    for j, later in enumerate(entries):
+        for i, earlier in enumerate(entries[:j]):
+            if earlier.name != later.name:
+                continue
+            common = overlap(earlier.devices, later.devices)
+            if common is not None:
+                yield Issue(
+                    ("resources", j, "devices"),
+                    f"overlaps resources[{i}] for {later.name} (both select {common}); "
+                    "entries for the same resource must select disjoint devices",
+                )
+    owners: dict[str, tuple[int, str]] = {}
+    for j, entry in enumerate(entries):
+        name = advertised_name(entry, sharing)
+        first = owners.setdefault(name, (j, entry.name))
+        if first[1] != entry.name:
+            yield Issue(
+                ("resources", j, "rename" if entry.rename else "name"),
+                f"{name!r} is also advertised for {first[1]} (resources[{first[0]}]); "
+                "two resources cannot share one name: pick another rename",
+            )
+
+
+def partitioning_issues(partitioning: Partitioning) -> Iterator[Issue]:
+    layouts = partitioning.mig
+    for j, later in enumerate(layouts):
+        for i, earlier in enumerate(layouts[:j]):
+            common = overlap(earlier.devices, later.devices)
+            if common is not None:
+                yield Issue(
+                    ("mig", j, "devices"),
+                    f"overlaps mig[{i}] (both select {common}); each GPU gets one layout",
+                )
+
+
+def config_issues(config: Config) -> Iterator[Issue]:
+    sharing = config.sharing
+    if sharing.mps is not None and config.flags.mig_strategy == "mixed":
+        yield Issue(
+            ("sharing", "mps"),
+            "MPS cannot share MIG devices, and migStrategy: mixed advertises them; "
+            "use time-slicing, or migStrategy: none or single",
+        )
+    active = sharing.active
+    if active is None:
+        return
+    section = "mps" if sharing.mps is not None else "timeSlicing"
+    shared = {entry.name for entry in active.resources}
+    declared = [
+        (kind, k, pattern.name)
+        for kind in ("gpus", "mig")
+        for k, pattern in enumerate(getattr(config.resources, kind))
+        if pattern.name not in shared
+    ]
+    for j, entry in enumerate(active.resources):
+        name = advertised_name(entry, active)
+        for kind, k, other in declared:
+            if other == name and other != entry.name:
+                yield Issue(
+                    ("sharing", section, "resources", j, "rename" if entry.rename else "name"),
+                    f"{name!r} is already advertised for resources.{kind}[{k}]; "
+                    "pick another rename",
+                )
+
+
+def config_warnings(config: Config) -> list[str]:
+    """Things that are valid but probably not what the admin meant, or have no effect here."""
+    warnings: list[str] = []
+    flags = config.flags
+    for key, value in (
+        ("restartOnDeviceUnhealthy", flags.restart_on_device_unhealthy),
+        ("gdrcopyEnabled", flags.gdrcopy_enabled),
+        ("gdsEnabled", flags.gds_enabled),
+        ("mofedEnabled", flags.mofed_enabled),
+        ("useNodeFeatureAPI", flags.use_node_feature_api),
+        ("deviceDiscoveryStrategy", flags.device_discovery_strategy),
+        ("gfd", flags.gfd),
+        ("plugin.nvidiaCTKPath", flags.plugin.nvidia_ctk_path),
+        ("plugin.kubeletSocket", flags.plugin.kubelet_socket),
+        ("plugin.cdiFeatureFlags", flags.plugin.cdi_feature_flags),
+    ):
+        if value is not None:
+            warnings.append(f"flags.{key}: {COMPAT}")
+    if config.imex is not None:
+        warnings.append(f"imex: {COMPAT}")
+    sharing = config.sharing
+    for section, block in (("timeSlicing", sharing.time_slicing), ("mps", sharing.mps)):
+        if block is None:
+            continue
+        for j, entry in enumerate(block.resources):
+            if entry.replicas == 1:
+                warnings.append(
+                    f"sharing.{section}.resources[{j}].replicas: 1 means not shared "
+                    "(each device is advertised once)"
+                )
+    if config.partitioning is not None and config.partitioning.mig and flags.mig_strategy == "none":
+        warnings.append(
+            "partitioning.mig: MIG layouts are declared but flags.migStrategy is none, "
+            "so the MIG devices will not be advertised; set migStrategy: single or mixed"
+        )
+    return warnings

@@ -1,0 +1,164 @@
+"""Safe YAML reading that remembers where every key and value came from.
+
+We compose the node graph ourselves instead of calling `yaml.safe_load`, because errors must
+point at file:line:col and the loaded dict has no positions. Composing also lets us refuse what a
+config never needs and an attacker loves: aliases (the "billion laughs" expansion), tags that
+construct objects, duplicate keys (YAML says they are an error; PyYAML silently keeps the last),
+and absurd nesting. Only the plain JSON-like types come out.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import yaml
+from yaml.constructor import SafeConstructor
+from yaml.events import AliasEvent
+from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
+
+MAX_BYTES = 1024 * 1024  # a ConfigMap cannot hold more than 1 MiB either
+MAX_DEPTH = 64
+
+Path = tuple[str | int, ...]
+
+_TAG = "tag:yaml.org,2002:"
+_SCALARS = {
+    f"{_TAG}str": SafeConstructor.construct_yaml_str,
+    f"{_TAG}int": SafeConstructor.construct_yaml_int,
+    f"{_TAG}float": SafeConstructor.construct_yaml_float,
+    f"{_TAG}bool": SafeConstructor.construct_yaml_bool,
+    f"{_TAG}null": SafeConstructor.construct_yaml_null,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Mark:
+    """A 0-based position in the text."""
+
+    line: int
+    column: int
+
+
+class YamlProblem(Exception):
+    """Text that is not an acceptable YAML config document; `mark` is where, when known."""
+
+    def __init__(self, message: str, mark: Mark | None = None) -> None:
+        self.message = message
+        self.mark = mark
+        super().__init__(message)
+
+
+@dataclass(slots=True)
+class Document:
+    """The plain value of a document, with the mark of every value and every mapping key."""
+
+    value: Any
+    values: dict[Path, Mark] = field(default_factory=dict)
+    keys: dict[Path, Mark] = field(default_factory=dict)
+    nodes: dict[Path, Node] = field(default_factory=dict)
+
+
+def _mark(node_or_event: Any) -> Mark:
+    return Mark(node_or_event.start_mark.line, node_or_event.start_mark.column)
+
+
+class _NoAliasLoader(yaml.SafeLoader):
+    def compose_node(self, parent: Node | None, index: Any) -> Node | None:
+        if self.check_event(AliasEvent):
+            event = self.peek_event()  # type: ignore[no-untyped-call]
+            raise YamlProblem(
+                f"YAML aliases (*{event.anchor}) are not allowed in a config; write the value out",
+                _mark(event),
+            )
+        return super().compose_node(parent, index)
+
+
+def decode(data: bytes) -> str:
+    """UTF-8 text of a config, or a problem at the first byte that is not UTF-8."""
+    if len(data) > MAX_BYTES:
+        raise YamlProblem(
+            f"file is {len(data) / MAX_BYTES:.1f} MiB; a config may be at most 1 MiB "
+            "(the size limit of a ConfigMap)"
+        )
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        before = data[: exc.start]
+        line = before.count(b"\n")
+        column = len(before) - (before.rfind(b"\n") + 1)
+        raise YamlProblem(
+            f"not UTF-8 (byte 0x{data[exc.start]:02x}); save the file as UTF-8",
+            Mark(line, column),
+        ) from None
+
+
+def read(text: str) -> Document:
+    """Compose one YAML document into plain values with marks; an empty document is `{}`."""
+    if len(text.encode("utf-8", "surrogatepass")) > MAX_BYTES:
+        raise YamlProblem("text is over 1 MiB; a config may be at most 1 MiB")
+    loader = _NoAliasLoader(text)
+    try:
+        root = loader.get_single_node()
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        message = " ".join(p for p in (exc.context, exc.problem) if p) or "invalid YAML"
+        raise YamlProblem(
+            f"invalid YAML: {message}", Mark(mark.line, mark.column) if mark else None
+        ) from None
+    except yaml.YAMLError as exc:
+        raise YamlProblem(f"invalid YAML: {exc}") from None
+    except RecursionError:
+        raise YamlProblem(f"nesting deeper than {MAX_DEPTH} levels") from None
+    finally:
+        loader.dispose()
+    doc = Document(value={})
+    if root is not None:
+        doc.value = _build(root, (), doc, 0)
+    return doc
+
+
+def _build(node: Node, path: Path, doc: Document, depth: int) -> Any:
+    if depth > MAX_DEPTH:
+        raise YamlProblem(f"nesting deeper than {MAX_DEPTH} levels", _mark(node))
+    doc.values[path] = _mark(node)
+    doc.nodes[path] = node
+    if isinstance(node, ScalarNode):
+        construct = _SCALARS.get(node.tag)
+        if construct is None:
+            if node.tag == f"{_TAG}timestamp":
+                return node.value  # dates mean nothing here; keep the text as written
+            raise YamlProblem(f"tag {_short(node.tag)} is not allowed in a config", _mark(node))
+        try:
+            return construct(SafeConstructor(), node)
+        except (ValueError, yaml.YAMLError) as exc:
+            raise YamlProblem(f"bad {_short(node.tag)} value: {exc}", _mark(node)) from None
+    if isinstance(node, SequenceNode):
+        if node.tag != f"{_TAG}seq":
+            raise YamlProblem(f"tag {_short(node.tag)} is not allowed in a config", _mark(node))
+        return [_build(item, (*path, i), doc, depth + 1) for i, item in enumerate(node.value)]
+    if isinstance(node, MappingNode):
+        if node.tag != f"{_TAG}map":
+            raise YamlProblem(f"tag {_short(node.tag)} is not allowed in a config", _mark(node))
+        out: dict[str, Any] = {}
+        for key_node, value_node in node.value:
+            if key_node.tag == f"{_TAG}merge":
+                raise YamlProblem("merge keys (<<) are not allowed in a config", _mark(key_node))
+            if not isinstance(key_node, ScalarNode) or key_node.tag != f"{_TAG}str":
+                raise YamlProblem("keys must be plain strings", _mark(key_node))
+            key = key_node.value
+            if key in out:
+                first = doc.keys[(*path, key)]
+                raise YamlProblem(
+                    f"duplicate key {key!r} (first at line {first.line + 1}); "
+                    "keep one, YAML does not merge them",
+                    _mark(key_node),
+                )
+            doc.keys[(*path, key)] = _mark(key_node)
+            out[key] = _build(value_node, (*path, key), doc, depth + 1)
+        return out
+    raise YamlProblem("unsupported YAML node", _mark(node))  # pragma: no cover
+
+
+def _short(tag: str) -> str:
+    return "!!" + tag[len(_TAG) :] if tag.startswith(_TAG) else tag
