@@ -1,0 +1,195 @@
+"""deploy/ and the Dockerfile agree with what `sharing-plugin run` expects (DESIGN §3)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import tomllib
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+import pytest
+import yaml
+
+from sharing_plugin.observability import parse_metrics_address
+
+ROOT = Path(__file__).resolve().parents[2]
+DEPLOY = ROOT / "deploy"
+CONFIGMAP_NAME = "sharing-plugin-config"
+
+# The env var behind each `run` flag (DESIGN §3); NVIDIA_* are read by the NVIDIA container runtime.
+RUN_ENV_VARS = {
+    "CONFIG_FILE",
+    "CONFIG_NAME",
+    "GPUS",
+    "KUBELET_DIR",
+    "NODE_NAME",
+    "METRICS_ADDRESS",
+    "LOG_FORMAT",
+}
+
+
+def manifests() -> dict[str, list[dict[str, Any]]]:
+    """Every YAML file in deploy/ (except the kustomization) -> its documents."""
+    found = {}
+    for path in sorted(DEPLOY.glob("*.y*ml")):
+        if path.name == "kustomization.yaml":
+            continue
+        with path.open() as f:
+            found[path.name] = [doc for doc in yaml.safe_load_all(f) if doc is not None]
+    return found
+
+
+def objects(kind: str) -> list[dict[str, Any]]:
+    return [doc for docs in manifests().values() for doc in docs if doc.get("kind") == kind]
+
+
+def the_daemonset() -> dict[str, Any]:
+    (daemonset,) = objects("DaemonSet")
+    return daemonset
+
+
+def the_container() -> dict[str, Any]:
+    (container,) = the_daemonset()["spec"]["template"]["spec"]["containers"]
+    return container
+
+
+def env() -> dict[str, Any]:
+    return {item["name"]: item for item in the_container()["env"]}
+
+
+def mount_paths() -> set[PurePosixPath]:
+    return {PurePosixPath(m["mountPath"]) for m in the_container()["volumeMounts"]}
+
+
+def test_every_manifest_is_kubernetes_yaml() -> None:
+    found = manifests()
+    assert {"daemonset.yaml", "rbac.yaml"} <= set(found)
+    for name, docs in found.items():
+        assert docs, f"{name} is empty"
+        for doc in docs:
+            assert {"apiVersion", "kind", "metadata"} <= set(doc), f"{name}: {doc.get('kind')}"
+
+
+def test_env_names_are_run_flags_or_nvidia_runtime_settings() -> None:
+    unknown = {n for n in env() if n not in RUN_ENV_VARS and not n.startswith("NVIDIA_")}
+    assert not unknown, f"`run` reads no such env var: {sorted(unknown)}"
+    assert env()["NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
+    assert env()["NVIDIA_VISIBLE_DEVICES"]["value"] == "all"
+    assert env()["NVIDIA_DRIVER_CAPABILITIES"]["value"] == "utility"
+
+
+def test_mounts_cover_the_kubelet_sockets_and_the_config() -> None:
+    kubelet_dir = PurePosixPath(env()["KUBELET_DIR"]["value"])
+    mounts = {m["mountPath"]: m for m in the_container()["volumeMounts"]}
+    volumes = {v["name"]: v for v in the_daemonset()["spec"]["template"]["spec"]["volumes"]}
+    for sub in ("device-plugins", "pod-resources"):
+        path = str(kubelet_dir / sub)
+        assert path in mounts, f"nothing mounted at {path}"
+        # same path inside and out: kubelet is told socket names relative to its own directory
+        assert volumes[mounts[path]["name"]]["hostPath"]["path"] == path
+    assert not mounts[str(kubelet_dir / "device-plugins")].get("readOnly", False)
+
+    config = env()["CONFIG_FILE"]["value"]
+    assert config in mounts, "CONFIG_FILE must be the mounted ConfigMap directory itself"
+    assert "subPath" not in mounts[config], "a subPath mount never sees ConfigMap updates"
+    assert volumes[mounts[config]["name"]]["configMap"]["name"] == CONFIGMAP_NAME
+
+
+def test_the_configmap_the_daemonset_mounts_is_shipped() -> None:
+    if not (DEPLOY / "configmap.yaml").exists():
+        pytest.skip("deploy/configmap.yaml not written yet")
+    names = {doc["metadata"]["name"] for doc in objects("ConfigMap")}
+    assert CONFIGMAP_NAME in names
+
+
+def test_probes_and_port_use_the_metrics_address() -> None:
+    address = parse_metrics_address(env()["METRICS_ADDRESS"]["value"])
+    assert address is not None
+    host, port = address
+    assert host in ("0.0.0.0", "", "::"), "probes come from kubelet on the node, not localhost"
+    container = the_container()
+    named = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert port in named.values()
+    for probe, path in (("readinessProbe", "/readyz"), ("livenessProbe", "/healthz")):
+        get = container[probe]["httpGet"]
+        assert get["path"] == path
+        assert named.get(get["port"], get["port"]) == port
+
+
+def test_pod_is_node_critical_tolerates_gpu_taints_and_runs_locked_down() -> None:
+    pod = the_daemonset()["spec"]["template"]["spec"]
+    assert pod["priorityClassName"] == "system-node-critical"
+    assert pod["runtimeClassName"] == "nvidia"
+    tolerated = {(t["key"], t.get("effect")) for t in pod["tolerations"]}
+    assert ("nvidia.com/gpu", "NoSchedule") in tolerated
+    assert "CriticalAddonsOnly" in {key for key, _ in tolerated}
+    context = the_container()["securityContext"]
+    assert context["allowPrivilegeEscalation"] is False
+    assert context["readOnlyRootFilesystem"] is True
+    assert context["capabilities"]["drop"] == ["ALL"]
+    assert "add" not in context["capabilities"]
+    assert context["seccompProfile"]["type"] == "RuntimeDefault"
+    assert not context.get("privileged", False)
+    assert not pod.get("hostNetwork", False)
+    assert not pod.get("hostPID", False)
+
+
+def test_service_account_and_node_read_access_exist() -> None:
+    account = the_daemonset()["spec"]["template"]["spec"]["serviceAccountName"]
+    (service_account,) = objects("ServiceAccount")
+    assert service_account["metadata"]["name"] == account
+    (role,) = objects("ClusterRole")
+    node_rules = [r for r in role["rules"] if "nodes" in r["resources"]]
+    assert node_rules and {"get", "list", "watch"} <= set(node_rules[0]["verbs"])
+    assert not any(
+        {"create", "update", "patch", "delete", "*"} & set(r["verbs"]) for r in role["rules"]
+    )
+    (binding,) = objects("ClusterRoleBinding")
+    assert binding["roleRef"]["name"] == role["metadata"]["name"]
+    assert {"kind": "ServiceAccount", "name": account, "namespace": "kube-system"} in binding[
+        "subjects"
+    ]
+
+
+def test_kustomization_lists_every_manifest() -> None:
+    kustomization = yaml.safe_load((DEPLOY / "kustomization.yaml").read_text())
+    listed = set(kustomization["resources"])
+    on_disk = set(manifests())
+    assert on_disk <= listed, f"not in kustomization.yaml: {sorted(on_disk - listed)}"
+    # configmap.yaml is written separately; everything else listed must exist
+    missing = {name for name in listed - on_disk if name != "configmap.yaml"}
+    assert not missing, f"kustomization.yaml lists missing files: {sorted(missing)}"
+    image = the_container()["image"].split(":")[0]
+    assert image in {i["name"] for i in kustomization["images"]}
+
+
+@pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl not installed")
+def test_kustomize_builds() -> None:
+    if not (DEPLOY / "configmap.yaml").exists():
+        pytest.skip("deploy/configmap.yaml not written yet")
+    out = subprocess.run(
+        ["kubectl", "kustomize", str(DEPLOY)], capture_output=True, text=True, timeout=30
+    )
+    assert out.returncode == 0, out.stderr
+    kinds = [doc["kind"] for doc in yaml.safe_load_all(out.stdout)]
+    assert {"DaemonSet", "ConfigMap", "ServiceAccount", "ClusterRoleBinding"} <= set(kinds)
+
+
+def test_dockerfile_runs_the_daemon_on_the_metrics_port() -> None:
+    lines = [
+        line.strip()
+        for line in (ROOT / "Dockerfile").read_text().splitlines()
+        if line.strip() and not line.lstrip().startswith("#")
+    ]
+    froms = [line.split()[1] for line in lines if line.startswith("FROM ")]
+    assert froms and all(base == "python:3.11-slim" for base in froms)
+    (entrypoint,) = [line for line in lines if line.startswith("ENTRYPOINT ")]
+    command = json.loads(entrypoint.removeprefix("ENTRYPOINT "))
+    assert command == ["sharing-plugin", "run"]
+    scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
+    assert command[0] in scripts
+    address = parse_metrics_address(env()["METRICS_ADDRESS"]["value"])
+    assert address is not None
+    assert f"EXPOSE {address[1]}" in lines
