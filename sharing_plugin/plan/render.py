@@ -1,0 +1,116 @@
+"""A plan as the `plan` command prints it: the JSON contract, or a table an admin can read.
+
+The JSON keys named by the design are a contract other tools parse; extra keys (`index`,
+`replica`, `perDevice`) only add. The table leads with one line per resource, then each
+resource's physical devices with their replica counts, which is what an admin checks first.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from sharing_plugin.plan.model import Plan, ResourcePlan
+
+
+def _per_device(resource: ResourcePlan) -> list[dict[str, Any]]:
+    rows: dict[str, dict[str, Any]] = {}
+    for d in resource.devices:
+        row = rows.get(d.physical)
+        if row is None:
+            rows[d.physical] = {
+                "physical": d.physical,
+                "gpu": d.gpu_uuid,
+                "index": d.index,
+                "numa": d.numa,
+                "replicas": 1,
+                "shared": d.shared,
+                "healthy": 1 if d.healthy else 0,
+            }
+        else:
+            row["replicas"] += 1
+            row["healthy"] += 1 if d.healthy else 0
+    return list(rows.values())
+
+
+def plan_json(
+    plan: Plan,
+    *,
+    config_name: str | None,
+    mig: Sequence[Any] = (),
+    warnings: Sequence[str] = (),
+) -> dict[str, Any]:
+    """The `plan --format json` document; `warnings` come first (e.g. from discovery)."""
+    return {
+        "config": {"name": config_name},
+        "resources": [
+            {
+                "name": r.name,
+                "sharing": r.sharing.value,
+                "devices": [
+                    {
+                        "id": d.id,
+                        "physical": d.physical,
+                        "health": d.health.value,
+                        "numa": d.numa,
+                        "index": d.index,
+                        "replica": d.replica,
+                    }
+                    for d in r.devices
+                ],
+                "perDevice": [
+                    {k: v for k, v in row.items() if k != "healthy"} for row in _per_device(r)
+                ],
+            }
+            for r in plan.resources
+        ],
+        "mig": list(mig),
+        "warnings": [*warnings, *plan.warnings],
+    }
+
+
+def _table(headers: Sequence[str], rows: Sequence[Sequence[str]], right: set[int]) -> list[str]:
+    widths = [max(len(h), *(len(row[i]) for row in rows)) for i, h in enumerate(headers)]
+
+    def line(cells: Sequence[str]) -> str:
+        parts = [
+            c.rjust(widths[i]) if i in right else c.ljust(widths[i]) for i, c in enumerate(cells)
+        ]
+        return "  ".join(parts).rstrip()
+
+    return [line(headers), *(line(row) for row in rows)]
+
+
+def plan_table(
+    plan: Plan,
+    *,
+    config_name: str | None,
+    mig: Sequence[str] = (),
+    warnings: Sequence[str] = (),
+) -> str:
+    """The `plan --format table` text (no trailing newline)."""
+    out = [f"config: {config_name or '(unnamed)'}", ""]
+    if not plan.resources:
+        out.append("no resources: this config advertises nothing on this node")
+    else:
+        summary = [
+            (r.name, str(len(r.devices)), str(r.healthy_count), r.sharing.value)
+            for r in plan.resources
+        ]
+        out += _table(("RESOURCE", "DEVICES", "HEALTHY", "SHARING"), summary, right={1, 2})
+    for r in plan.resources:
+        out += ["", f"{r.name} ({r.sharing.value})"]
+        rows = []
+        for row in _per_device(r):
+            kind = "MIG" if ":" in row["index"] else "GPU"
+            numa = "-" if row["numa"] is None else str(row["numa"])
+            replicas = str(row["replicas"]) if row["shared"] else "-"
+            health = f"{row['healthy']}/{row['replicas']} healthy"
+            rows.append(("  " + f"{kind} {row['index']}", row["physical"], replicas, numa, health))
+        out += _table(("  DEVICE", "UUID", "REPLICAS", "NUMA", "HEALTH"), rows, right={2, 3})
+    if mig:
+        out += ["", "MIG layout:", *(f"  {line}" for line in mig)]
+    all_warnings = [*warnings, *plan.warnings]
+    if all_warnings:
+        out += ["", "warnings:", *(f"  - {w}" for w in all_warnings)]
+    return "\n".join(out)

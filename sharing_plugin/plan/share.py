@@ -1,0 +1,303 @@
+"""Sharing: selected devices become replicas, under their own name or a new one.
+
+Each `sharing.*.resources` entry selects devices of one resource; each selected device becomes
+`replicas` virtual devices `<uuid>::0 … <uuid>::<replicas-1>` (the reference's numbering, so
+raising replicas keeps the existing IDs). Several entries for one name give different replica
+counts per GPU; a device may be selected by one entry only. Devices no entry selects stay under
+their original name, unshared.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, replace
+from functools import lru_cache
+
+from sharing_plugin.config.model import (
+    Config,
+    DeviceRef,
+    DeviceSelection,
+    GpuIndexRef,
+    MigGiCiRef,
+    MigIndexRef,
+    ProductRef,
+    ReplicatedResource,
+    SharingKind,
+    UuidRef,
+)
+from sharing_plugin.errors import Problem
+from sharing_plugin.gpus.inventory import Inventory
+from sharing_plugin.plan.model import ResourcePlan, VirtualDevice, replica_id
+
+BaseDevices = dict[str, list[VirtualDevice]]
+"""Resource name -> its devices before sharing, in GPU then MIG index order."""
+
+# CUDA MPS serves at most 48 clients per GPU from Volta's successors with compute capability 7.5
+# on, 16 before (CUDA MPS documentation, "Limitations").
+MPS_CLIENTS_NEW = 48
+MPS_CLIENTS_OLD = 16
+
+
+def mps_client_limit(compute_capability: tuple[int, int]) -> int:
+    return MPS_CLIENTS_NEW if compute_capability >= (7, 5) else MPS_CLIENTS_OLD
+
+
+@dataclass(frozen=True, slots=True)
+class Shared:
+    resources: list[ResourcePlan]
+    sources: dict[str, str]  # resource name -> path of the first sharing entry producing it
+
+
+@dataclass(frozen=True, slots=True)
+class _Share:
+    target: str
+    replicas: int
+    path: str
+
+
+@lru_cache(maxsize=256)
+def _compile(pattern: str) -> re.Pattern[str]:
+    # The reference's ResourcePattern: `*` is the only wildcard, and the match is anchored.
+    return re.compile("^" + ".*".join(re.escape(part) for part in pattern.split("*")) + "$")
+
+
+def glob_matches(pattern: str, text: str) -> bool:
+    """True when `text` matches `pattern`, an anchored glob whose only wildcard is `*`."""
+    return _compile(pattern).match(text) is not None
+
+
+def _device_order(device: VirtualDevice) -> tuple[int, int, int]:
+    gpu, _, mig = device.index.partition(":")
+    return int(gpu), int(mig) if mig else -1, device.replica if device.replica is not None else -1
+
+
+def _describe(device: VirtualDevice) -> str:
+    kind = "MIG device" if device.is_mig else "GPU"
+    return f"{kind} {device.index} ({device.physical})"
+
+
+class _Selector:
+    """Resolves one entry's `devices` against the devices of its resource."""
+
+    def __init__(self, inventory: Inventory, base: BaseDevices) -> None:
+        self.inventory = inventory
+        self.owner = {d.physical: name for name, devices in base.items() for d in devices}
+
+    def select(
+        self,
+        entry: ReplicatedResource,
+        devices: list[VirtualDevice],
+        path: str,
+        problems: list[Problem],
+        warnings: list[str],
+    ) -> list[VirtualDevice]:
+        selection: DeviceSelection = entry.devices
+        if selection == "all":
+            if not devices:
+                warnings.append(
+                    f"{path}.name: this node has no {entry.name} devices, so this entry "
+                    "shares nothing here"
+                )
+            return list(devices)
+        if isinstance(selection, int):
+            if selection > len(devices):
+                problems.append(
+                    Problem(
+                        f"{path}.devices",
+                        f"asks for the first {selection} {entry.name} devices, but this node has "
+                        f"{len(devices)}: lower the count or list the devices",
+                    )
+                )
+                return []
+            return list(devices[:selection])
+        chosen: dict[str, VirtualDevice] = {}
+        for j, ref in enumerate(selection):
+            ref_path = f"{path}.devices[{j}]"
+            matched = [d for d in devices if self._matches(ref, d)]
+            if not matched:
+                if isinstance(ref, ProductRef):
+                    warnings.append(
+                        f"{ref_path}: no {entry.name} device on this node is on a GPU whose "
+                        f"product matches {ref.product!r}, so it selects nothing"
+                    )
+                else:
+                    problems.append(Problem(ref_path, self._missing(ref, entry.name)))
+            for d in matched:
+                chosen.setdefault(d.physical, d)
+        order = {d.physical: i for i, d in enumerate(devices)}
+        return sorted(chosen.values(), key=lambda d: order[d.physical])
+
+    def _matches(self, ref: DeviceRef, device: VirtualDevice) -> bool:
+        if isinstance(ref, GpuIndexRef):
+            return not device.is_mig and device.index == str(ref.index)
+        if isinstance(ref, MigIndexRef):
+            return device.is_mig and device.index == f"{ref.gpu}:{ref.mig}"
+        if isinstance(ref, UuidRef):
+            return device.physical == ref.uuid
+        if isinstance(ref, MigGiCiRef):
+            mig = self.inventory.mig_device(device.physical) if device.is_mig else None
+            return (
+                mig is not None
+                and mig.parent_uuid == ref.gpu_uuid
+                and (mig.gi_id, mig.ci_id) == (ref.gi, ref.ci)
+            )
+        gpu = self.inventory.gpu(device.gpu_uuid)
+        return gpu is not None and glob_matches(ref.product, gpu.product)
+
+    def _missing(self, ref: DeviceRef, name: str) -> str:
+        """Why a reference selects nothing, and where the device it names went instead."""
+        what, physical = self._locate(ref)
+        if physical is None:
+            return f"{what} does not exist on this node: {self._node_summary()}"
+        owner = self.owner.get(physical)
+        if owner is None:
+            return (
+                f"{what} is not advertised on this node under the current migStrategy "
+                f"(it is MIG-enabled, or MIG is off on its GPU), so it cannot be shared as {name}"
+            )
+        return f"{what} is advertised as {owner}, not {name}: move it to an entry named {owner}"
+
+    def _locate(self, ref: DeviceRef) -> tuple[str, str | None]:
+        inv = self.inventory
+        if isinstance(ref, GpuIndexRef):
+            gpu = next((g for g in inv.gpus if g.index == ref.index), None)
+            return f"GPU {ref.index}", gpu.uuid if gpu else None
+        if isinstance(ref, MigIndexRef):
+            mig = next(
+                (
+                    m
+                    for g in inv.gpus
+                    if g.index == ref.gpu
+                    for m in g.mig_devices
+                    if m.index == ref.mig
+                ),
+                None,
+            )
+            return f"MIG device {ref.gpu}:{ref.mig}", mig.uuid if mig else None
+        if isinstance(ref, UuidRef):
+            known = inv.gpu(ref.uuid) or inv.mig_device(ref.uuid)
+            return f"device {ref.uuid}", ref.uuid if known else None
+        if isinstance(ref, MigGiCiRef):
+            mig = next(
+                (
+                    m
+                    for g in inv.gpus
+                    for m in g.mig_devices
+                    if m.parent_uuid == ref.gpu_uuid and (m.gi_id, m.ci_id) == (ref.gi, ref.ci)
+                ),
+                None,
+            )
+            label = f"MIG device MIG-{ref.gpu_uuid}/{ref.gi}/{ref.ci}"
+            return label, mig.uuid if mig else None
+        return f"product {ref.product!r}", None
+
+    def _node_summary(self) -> str:
+        gpus = self.inventory.gpus
+        if not gpus:
+            return "the node has no GPUs"
+        parts = []
+        for g in sorted(gpus, key=lambda g: g.index):
+            migs = ", ".join(f"{g.index}:{m.index}" for m in g.mig_devices)
+            parts.append(f"{g.index}" + (f" (MIG {migs})" if migs else ""))
+        return "it has GPU " + ", ".join(parts)
+
+
+def _mps_problems(
+    entry: ReplicatedResource, selected: list[VirtualDevice], path: str
+) -> list[Problem]:
+    problems: list[Problem] = []
+    migs = [d for d in selected if d.is_mig]
+    if migs:
+        listed = ", ".join(_describe(d) for d in migs[:4]) + (" …" if len(migs) > 4 else "")
+        problems.append(
+            Problem(
+                f"{path}.devices",
+                f"MPS cannot share MIG devices ({listed}): share whole GPUs with MPS, or use "
+                "timeSlicing for MIG devices",
+            )
+        )
+    whole = [d for d in selected if not d.is_mig]
+    if whole:
+        tightest = min(whole, key=lambda d: mps_client_limit(d.compute_capability))
+        limit = mps_client_limit(tightest.compute_capability)
+        if entry.replicas > limit:
+            major, minor = tightest.compute_capability
+            problems.append(
+                Problem(
+                    f"{path}.replicas",
+                    f"{entry.replicas} replicas exceed the {limit} clients MPS serves on "
+                    f"{_describe(tightest)} (compute capability {major}.{minor}): use at most "
+                    f"{limit}",
+                )
+            )
+    return problems
+
+
+def apply_sharing(
+    config: Config,
+    inventory: Inventory,
+    base: BaseDevices,
+    problems: list[Problem],
+    warnings: list[str],
+) -> Shared:
+    """The resources after sharing; problems and warnings are appended to the given lists."""
+    sharing = config.sharing.active
+    kind = config.sharing.kind
+    if sharing is None:
+        return Shared([ResourcePlan(name, tuple(devs)) for name, devs in base.items()], {})
+    section = "sharing.mps" if kind is SharingKind.MPS else "sharing.timeSlicing"
+    selector = _Selector(inventory, base)
+    shares: dict[str, _Share] = {}
+    sources: dict[str, str] = {}
+    for i, entry in enumerate(sharing.resources):
+        path = f"{section}.resources[{i}]"
+        selected = selector.select(entry, base.get(entry.name, []), path, problems, warnings)
+        if kind is SharingKind.MPS:
+            problems.extend(_mps_problems(entry, selected, path))
+        target = entry.rename or (
+            f"{entry.name}.shared" if sharing.rename_by_default else entry.name
+        )
+        sources.setdefault(target, path)
+        for d in selected:
+            earlier = shares.get(d.physical)
+            if earlier is not None:
+                problems.append(
+                    Problem(
+                        f"{path}.devices",
+                        f"{_describe(d)} is already shared by {earlier.path}: a device can be "
+                        "shared by one entry only; remove it from one of them",
+                    )
+                )
+                continue
+            shares[d.physical] = _Share(target, entry.replicas, path)
+
+    out: dict[str, list[VirtualDevice]] = {}
+    feeds: dict[str, set[str]] = {}
+    for name, devices in base.items():
+        for d in devices:
+            share = shares.get(d.physical)
+            target = name if share is None else share.target
+            feeds.setdefault(target, set()).add(name)
+            bucket = out.setdefault(target, [])
+            if share is None:
+                bucket.append(d)
+            else:
+                bucket.extend(
+                    replace(d, id=replica_id(d.physical, n), replica=n, replicas=share.replicas)
+                    for n in range(share.replicas)
+                )
+    for target, names in feeds.items():
+        if len(names) > 1:  # devices of several names merged: back to GPU, MIG, replica order
+            out[target].sort(key=_device_order)
+    return Shared(
+        [
+            ResourcePlan(
+                name,
+                tuple(devices),
+                sharing=kind if any(d.shared for d in devices) else SharingKind.NONE,
+                fail_requests_greater_than_one=sharing.fail_requests_greater_than_one,
+            )
+            for name, devices in out.items()
+        ],
+        sources,
+    )
