@@ -81,7 +81,12 @@ class Admission:
                         raise AdmissionError(where + str(exc)) from exc
                     taken[resource].update(allocation.device_ids)
                     allocations.append(allocation)
-            pod = PodAllocation(name=name, namespace=namespace, allocations=tuple(allocations))
+            pod = PodAllocation(
+                name=name,
+                namespace=namespace,
+                allocations=tuple(allocations),
+                container_names=tuple(containers),
+            )
             self.pods[(namespace, name)] = pod
             self._on_change()
             return pod

@@ -36,6 +36,8 @@ class PodAllocation:
     name: str
     namespace: str
     allocations: tuple[ContainerAllocation, ...]
+    # Every container of the pod, including those that asked for no device.
+    container_names: tuple[str, ...] = ()
 
     def get(self, container: str, resource: str) -> ContainerAllocation:
         for allocation in self.allocations:
@@ -49,7 +51,7 @@ class PodAllocation:
     @property
     def containers(self) -> dict[str, dict[str, tuple[str, ...]]]:
         """container -> resource -> device IDs (kubelet's podDevices entry for this pod)."""
-        result: dict[str, dict[str, tuple[str, ...]]] = {}
+        result: dict[str, dict[str, tuple[str, ...]]] = {c: {} for c in self.container_names}
         for a in self.allocations:
             result.setdefault(a.container, {})[a.resource] = a.device_ids
         return result
