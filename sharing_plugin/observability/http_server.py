@@ -117,6 +117,11 @@ class MetricsServer:
         return port
 
     @property
+    def active_connections(self) -> int:
+        """Connections being answered right now (bounded by `max_connections`)."""
+        return len(self._connections)
+
+    @property
     def url(self) -> str:
         host = self.host or "127.0.0.1"
         if ":" in host:
