@@ -1,0 +1,183 @@
+"""The simulated node description: which GPUs a pretend node has, and the faults injected into it.
+
+A node description is a small YAML file (or one of the built-in presets) that the simulated NVML
+impersonates. It is parsed strictly, like the config: unknown keys are errors, so a typo does not
+silently produce a different node. The `faults` list is re-read while a process runs; only that
+part may change under a running simulator, which is why it is also parsed on its own.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic.alias_generators import to_camel
+
+from sharing_plugin.errors import ConfigError, Problem
+
+PRESET_PACKAGE = "sharing_plugin.gpus.presets"
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(
+        alias_generator=to_camel, populate_by_name=True, extra="forbid", frozen=True
+    )
+
+
+class MigDescription(_Strict):
+    """The MIG state a GPU is already in: mode, and the instances that exist."""
+
+    enabled: bool = True
+    instances: tuple[str, ...] = ()  # "3g.40gb" or "1g.10gb@6" (explicit start, memory slices)
+
+
+class GpuGroup(_Strict):
+    """`count` identical GPUs."""
+
+    product: str = Field(min_length=1)
+    count: int = Field(default=1, ge=1, le=64)
+    numa_node: int | None = Field(default=None, ge=0)
+    mig: MigDescription | None = None
+
+
+class Fault(_Strict):
+    """One injected event: an Xid on a GPU (or MIG device), or the GPU falling off the bus.
+
+    `gpu` is a GPU index, a GPU UUID, or a MIG UUID (the event is then attributed to that MIG
+    device's GPU/compute instance, as NVML does). `lost: true` makes every NVML call on the GPU
+    fail with NVML_ERROR_GPU_IS_LOST (and delivers Xid 79); `lost: false` brings it back.
+    """
+
+    gpu: int | str
+    xid: int | None = Field(default=None, ge=0)
+    lost: bool | None = None
+
+    @model_validator(mode="after")
+    def _one_kind(self) -> Fault:
+        if (self.xid is None) == (self.lost is None):
+            raise ValueError("a fault needs exactly one of 'xid' (an Xid number) or 'lost'")
+        return self
+
+
+class NodeDescription(_Strict):
+    """A whole simulated node."""
+
+    name: str | None = None  # seeds the deterministic UUIDs; defaults to the file or preset name
+    gpus: tuple[GpuGroup, ...] = Field(min_length=1)
+    nvlink: Literal["all", "none"] = "none"
+    faults: tuple[Fault, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class LoadedNode:
+    """A parsed description with where it came from (`path` is None for presets)."""
+
+    description: NodeDescription
+    identity: str  # what the UUIDs are derived from
+    path: Path | None
+
+
+def parse_instance(text: str) -> tuple[str, int | None]:
+    """Split ``"1g.10gb@6"`` into ``("1g.10gb", 6)``; no ``@`` gives a None start."""
+    name, sep, start = text.partition("@")
+    if not sep:
+        return name.strip(), None
+    try:
+        return name.strip(), int(start)
+    except ValueError:
+        raise ValueError(
+            f"'{text}': the start after '@' must be a number of memory slices"
+        ) from None
+
+
+def preset_names() -> list[str]:
+    """The built-in node presets, sorted."""
+    root = resources.files(PRESET_PACKAGE)
+    return sorted(p.name.removesuffix(".yaml") for p in root.iterdir() if p.name.endswith(".yaml"))
+
+
+def load_preset(name: str) -> LoadedNode:
+    """A built-in node; an unknown name is an error that lists the presets."""
+    if name not in preset_names():
+        raise ConfigError(
+            [
+                Problem(
+                    path="",
+                    message=(
+                        f"unknown simulated node preset '{name}': "
+                        f"use one of {', '.join(preset_names())} or a node description file"
+                    ),
+                )
+            ]
+        )
+    text = resources.files(PRESET_PACKAGE).joinpath(f"{name}.yaml").read_text(encoding="utf-8")
+    description = _parse(text, source=f"preset {name}")
+    return LoadedNode(description=description, identity=description.name or name, path=None)
+
+
+def load_node_file(path: Path) -> LoadedNode:
+    """A node description file; errors name the file and the offending key."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(
+            [Problem(path="", message=f"cannot read node description: {exc}", file=str(path))]
+        ) from exc
+    description = _parse(text, source=str(path))
+    return LoadedNode(description=description, identity=description.name or path.stem, path=path)
+
+
+def read_faults(path: Path) -> tuple[Fault, ...] | None:
+    """The current `faults` list of a node file, or None when it cannot be read or parsed now.
+
+    Called while the file is being edited, so a half-written file is not an error: the caller
+    keeps what it had and looks again at the next change.
+    """
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, yaml.YAMLError):
+        return None
+    if not isinstance(data, dict):
+        return None
+    try:
+        return tuple(Fault.model_validate(f) for f in (data.get("faults") or ()))
+    except ValidationError:
+        return None
+
+
+def _parse(text: str, *, source: str) -> NodeDescription:
+    try:
+        data: Any = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError(
+            [Problem(path="", message=f"not valid YAML: {exc}", file=source)]
+        ) from exc
+    if not isinstance(data, dict):
+        raise ConfigError(
+            [Problem(path="", message="a node description is a mapping with 'gpus'", file=source)]
+        )
+    try:
+        return NodeDescription.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(
+            [
+                Problem(
+                    path=_dotted(err["loc"]),
+                    message=err["msg"].removeprefix("Value error, "),
+                    file=source,
+                )
+                for err in exc.errors()
+            ]
+        ) from exc
+
+
+def _dotted(loc: tuple[int | str, ...]) -> str:
+    """``("gpus", 0, "mig")`` -> ``gpus[0].mig``, the way config paths are written."""
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else part)
+    return out

@@ -1,0 +1,135 @@
+"""Event sets and injected faults of the simulated NVML.
+
+An event set queues events for the GPUs registered on it and wakes a waiter at once, like
+``nvmlEventSetWait``. Faults come from the node file's `faults` list: entries appended while a
+process runs are delivered once. The file is watched (inotify through watchfiles) so an append
+wakes a waiter within milliseconds, and its size/mtime is also checked whenever a waiter starts
+waiting, which closes the gap before the watcher is ready; nothing polls on a timer.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pynvml
+import watchfiles
+
+from sharing_plugin.gpus.node import Fault, read_faults
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class SimEventData:
+    """What ``nvmlEventSetWait_v2`` returns (c_nvmlEventData_t's fields)."""
+
+    device: Any  # the GPU's device handle
+    eventType: int
+    eventData: int
+    gpuInstanceId: int
+    computeInstanceId: int
+
+
+class SimEventSet:
+    """An NVML event set: registered GPUs and the events not yet waited for."""
+
+    def __init__(self, on_wait: Callable[[], None]) -> None:
+        self._cond = threading.Condition()
+        self._queue: collections.deque[SimEventData] = collections.deque()
+        self._masks: dict[int, int] = {}  # GPU index -> registered event types
+        self._on_wait = on_wait
+        self.freed = False
+
+    def register(self, gpu_index: int, mask: int) -> None:
+        with self._cond:
+            self._masks[gpu_index] = self._masks.get(gpu_index, 0) | mask
+
+    def offer(self, gpu_index: int, event: SimEventData) -> None:
+        """Queue `event` if this set listens for its type on that GPU."""
+        with self._cond:
+            if self._masks.get(gpu_index, 0) & event.eventType and not self.freed:
+                self._queue.append(event)
+                self._cond.notify_all()
+
+    def wait(self, timeout_ms: int) -> SimEventData:
+        self._on_wait()
+        with self._cond:
+            if not self._cond.wait_for(lambda: bool(self._queue), timeout=timeout_ms / 1000):
+                raise pynvml.NVMLError(pynvml.NVML_ERROR_TIMEOUT)
+            return self._queue.popleft()
+
+
+class FaultFeed:
+    """Follows a node file's `faults` list and hands each newly appended entry to `deliver`."""
+
+    def __init__(
+        self, path: Path, initial: tuple[Fault, ...], deliver: Callable[[Fault], None]
+    ) -> None:
+        self._path = path
+        self._seen = len(initial)
+        self._deliver = deliver
+        self._lock = threading.Lock()
+        self._stamp = self._file_stamp()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        """Start watching (idempotent)."""
+        if self._thread is None:
+            self._stop.clear()
+            self._thread = threading.Thread(
+                target=self._watch, name=f"simulated-nvml-faults:{self._path.name}", daemon=True
+            )
+            self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=2)
+            self._thread = None
+
+    def check(self) -> None:
+        """Re-read the file if it changed since last time and deliver new entries."""
+        stamp = self._file_stamp()
+        with self._lock:
+            if stamp == self._stamp:
+                return
+            faults = read_faults(self._path)
+            if faults is None:
+                return  # half-written: look again at the next change
+            self._stamp = stamp
+            new = faults[self._seen :] if len(faults) >= self._seen else ()
+            self._seen = len(faults)  # a shortened list is a rewrite, not new faults
+        for fault in new:
+            self._deliver(fault)
+
+    def _file_stamp(self) -> tuple[int, int] | None:
+        try:
+            st = self._path.stat()
+        except OSError:
+            return None
+        return (st.st_mtime_ns, st.st_size)
+
+    def _watch(self) -> None:
+        # The parent directory is watched, not the file: editors and ConfigMap updates replace
+        # the file by renaming, which ends a watch held on the old inode.
+        name = self._path.name
+        try:
+            for _ in watchfiles.watch(
+                self._path.parent,
+                watch_filter=lambda _change, p: Path(p).name == name,
+                debounce=200,
+                step=20,
+                stop_event=self._stop,
+                recursive=False,
+                raise_interrupt=False,
+            ):
+                self.check()
+        except Exception:  # the feed must not die silently: waiters still check on each wait
+            log.exception("simulated NVML: watching %s for faults failed", self._path)

@@ -1,0 +1,384 @@
+"""The MIG half of the simulated pynvml: modes, profiles, placements, GPU and compute instances.
+
+Creation follows the model's placement table exactly as the driver does (allowed starts, no
+overlap, per-profile and per-GPU counts, a single "+me" instance), so a layout the simulator
+accepts is one a real GPU accepts. Without an explicit placement the first free allowed start is
+taken, which is why creation order matters on hardware too. Every create/destroy/mode call is
+recorded in `mig_calls` for tests of code that partitions GPUs.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+import pynvml
+
+from sharing_plugin.gpus.catalog import MigModel, MigProfileSpec
+from sharing_plugin.gpus.sim_state import (
+    SimComputeInstance,
+    SimGpu,
+    SimGpuInstance,
+    add_compute_instance,
+    add_gpu_instance,
+    nvml_error,
+    placement_problem,
+)
+
+# NVML_COMPUTE_INSTANCE_PROFILE_* index -> compute slices it spans (nvml.h).
+_CI_SLICES = {0: 1, 1: 2, 2: 3, 3: 4, 4: 7, 5: 8, 6: 6}
+
+
+@dataclass(frozen=True, slots=True)
+class MigCall:
+    """One MIG-changing NVML call the simulator received, and how it ended."""
+
+    op: str  # "create_gpu_instance", "destroy_gpu_instance", "create_compute_instance", ...
+    gpu: int
+    profile: str | None  # GPU-instance profile name, when the call concerns one
+    start: int | None
+    result: str  # "SUCCESS" or the NVML_ERROR_* name
+
+
+@dataclass(frozen=True, slots=True)
+class SimInstanceInfo:
+    """nvmlGpuInstanceGetInfo / nvmlComputeInstanceGetInfo (their structs hold handles)."""
+
+    device: Any
+    id: int
+    profileId: int
+    placement: pynvml.c_nvmlGpuInstancePlacement_t
+    gpuInstance: Any = None
+
+
+def error_name(code: int) -> str:
+    return next(
+        (n for n in dir(pynvml) if n.startswith("NVML_ERROR_") and getattr(pynvml, n) == code),
+        f"NVML error {code}",
+    )
+
+
+class SimMigOps:
+    """MIG functions of the simulated pynvml over `gpus`."""
+
+    def __init__(self, gpus: list[SimGpu], *, mig_mode_needs_reset: bool) -> None:
+        self.gpus = gpus
+        self.mig_calls: list[MigCall] = []
+        self.mig_mode_needs_reset = mig_mode_needs_reset
+        self._init_count = 0
+        self._mig_lock = threading.Lock()
+
+    # ---- checks shared with the device functions ----
+
+    def _check_init(self) -> None:
+        if self._init_count == 0:
+            raise nvml_error(pynvml.NVML_ERROR_UNINITIALIZED)
+
+    def _alive(self, gpu: SimGpu) -> SimGpu:
+        self._check_init()
+        gpu.check_alive()
+        return gpu
+
+    def _gpu(self, handle: Any) -> SimGpu:
+        self._check_init()
+        if not isinstance(handle, SimGpu):
+            raise nvml_error(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        return self._alive(handle)
+
+    def _mig_gpu(self, handle: Any) -> tuple[SimGpu, MigModel]:
+        gpu = self._gpu(handle)
+        if gpu.mig is None or not gpu.mig_current:
+            raise nvml_error(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        return gpu, gpu.mig
+
+    def _gi(self, handle: Any) -> SimGpuInstance:
+        self._check_init()
+        if not isinstance(handle, SimGpuInstance) or handle not in handle.gpu.gpu_instances:
+            raise nvml_error(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        self._alive(handle.gpu)
+        return handle
+
+    def _record(
+        self, op: str, gpu: SimGpu, spec: MigProfileSpec | None, start: int | None, code: int
+    ) -> None:
+        result = "SUCCESS" if code == pynvml.NVML_SUCCESS else error_name(code)
+        self.mig_calls.append(MigCall(op, gpu.index, spec.name if spec else None, start, result))
+
+    # ---- MIG mode ----
+
+    def nvmlDeviceGetMigMode(self, handle: Any) -> list[int]:
+        gpu = self._gpu(handle)
+        if gpu.mig is None:
+            raise nvml_error(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        return [int(gpu.mig_current), int(gpu.mig_pending)]
+
+    def nvmlDeviceSetMigMode(self, handle: Any, mode: int) -> int:
+        gpu = self._gpu(handle)
+        if gpu.mig is None:
+            raise nvml_error(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        if not mode and gpu.gpu_instances:
+            # The driver refuses to leave MIG mode while GPU instances exist.
+            self._record("set_mig_mode", gpu, None, None, pynvml.NVML_ERROR_IN_USE)
+            raise nvml_error(pynvml.NVML_ERROR_IN_USE)
+        gpu.mig_pending = bool(mode)
+        if not self.mig_mode_needs_reset:
+            gpu.mig_current = gpu.mig_pending  # an idle GPU is reset by the driver right away
+        self._record("set_mig_mode", gpu, None, None, pynvml.NVML_SUCCESS)
+        return int(pynvml.NVML_SUCCESS)
+
+    def reset_gpu(self, index: int) -> None:
+        """What ``nvidia-smi -r`` does here: a pending MIG mode becomes current."""
+        gpu = self.gpus[index]
+        gpu.mig_current = gpu.mig_pending
+
+    # ---- MIG devices ----
+
+    def nvmlDeviceGetMaxMigDeviceCount(self, handle: Any) -> int:
+        gpu = self._gpu(handle)
+        return gpu.mig.compute_slices if gpu.mig is not None else 0
+
+    def nvmlDeviceGetMigDeviceHandleByIndex(self, handle: Any, index: int) -> SimComputeInstance:
+        gpu, mig = self._mig_gpu(handle)
+        if not 0 <= index < mig.compute_slices:
+            raise nvml_error(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        devices = gpu.mig_devices()
+        if index >= len(devices):
+            raise nvml_error(pynvml.NVML_ERROR_NOT_FOUND)
+        return devices[index]
+
+    def nvmlDeviceIsMigDeviceHandle(self, handle: Any) -> int:
+        self._check_init()
+        return int(isinstance(handle, SimComputeInstance))
+
+    def _mig_device(self, handle: Any) -> SimComputeInstance:
+        self._check_init()
+        if isinstance(handle, SimGpu):
+            raise nvml_error(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        if not isinstance(handle, SimComputeInstance):
+            raise nvml_error(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        self._alive(handle.gpu_instance.gpu)
+        return handle
+
+    def nvmlDeviceGetGpuInstanceId(self, handle: Any) -> int:
+        return self._mig_device(handle).gpu_instance.id
+
+    def nvmlDeviceGetComputeInstanceId(self, handle: Any) -> int:
+        return self._mig_device(handle).id
+
+    def nvmlDeviceGetDeviceHandleFromMigDeviceHandle(self, handle: Any) -> SimGpu:
+        return self._mig_device(handle).gpu_instance.gpu
+
+    # ---- GPU-instance profiles and placements ----
+
+    def nvmlDeviceGetGpuInstanceProfileInfo(
+        self, handle: Any, profile: int, version: int = 2
+    ) -> pynvml.c_nvmlGpuInstanceProfileInfo_v2_t:
+        gpu = self._gpu(handle)
+        if not 0 <= profile < pynvml.NVML_GPU_INSTANCE_PROFILE_COUNT:
+            raise nvml_error(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        spec = gpu.mig.profile_by_id(profile) if gpu.mig is not None else None
+        if spec is None:
+            raise nvml_error(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        info = pynvml.c_nvmlGpuInstanceProfileInfo_v2_t()
+        info.id = spec.profile_info_id
+        info.isP2pSupported = 0
+        info.sliceCount = spec.compute_slices
+        info.instanceCount = spec.max_count
+        info.multiprocessorCount = spec.sm_count
+        info.memorySizeMB = spec.memory_mib
+        info.name = f"MIG {spec.name}".encode()
+        return info
+
+    nvmlDeviceGetGpuInstanceProfileInfoV = nvmlDeviceGetGpuInstanceProfileInfo
+
+    def _spec_by_info_id(self, gpu: SimGpu, profile_id: int) -> MigProfileSpec:
+        spec = gpu.mig.profile_by_info_id(profile_id) if gpu.mig is not None else None
+        if spec is None:
+            raise nvml_error(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        return spec
+
+    def nvmlDeviceGetGpuInstancePossiblePlacements(
+        self,
+        handle: Any,
+        profileId: int,
+        placementsRef: Any,
+        countRef: Any,
+    ) -> int:
+        # _v2 semantics: every placement of the profile, occupied or not.
+        gpu = self._gpu(handle)
+        if gpu.mig is None:
+            raise nvml_error(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        spec = self._spec_by_info_id(gpu, profileId)
+        count = _deref(countRef)
+        if placementsRef is not None:
+            placements = _deref(placementsRef)
+            if len(placements) < len(spec.starts):
+                raise nvml_error(pynvml.NVML_ERROR_INSUFFICIENT_SIZE)
+            for slot, start in zip(placements, spec.starts, strict=False):
+                slot.start, slot.size = start, spec.memory_slices
+        count.value = len(spec.starts)
+        return int(pynvml.NVML_SUCCESS)
+
+    def nvmlDeviceGetGpuInstanceRemainingCapacity(self, handle: Any, profileId: int) -> int:
+        gpu, _ = self._mig_gpu(handle)
+        spec = self._spec_by_info_id(gpu, profileId)
+        taken = [(gi.spec, gi.start) for gi in gpu.gpu_instances]
+        free: list[tuple[MigProfileSpec, int]] = []
+        for start in spec.starts:  # greedily, as the driver counts what could still be created
+            if placement_problem(gpu, spec, start, existing=taken + free) is None:
+                free.append((spec, start))
+        return len(free)
+
+    # ---- GPU instances ----
+
+    def nvmlDeviceCreateGpuInstance(self, handle: Any, profileId: int) -> SimGpuInstance:
+        return self._create_gi(handle, profileId, None)
+
+    def nvmlDeviceCreateGpuInstanceWithPlacement(
+        self,
+        handle: Any,
+        profileId: int,
+        placement: Any,
+    ) -> SimGpuInstance:
+        return self._create_gi(handle, profileId, _deref(placement))
+
+    def _create_gi(self, handle: Any, profile_id: int, placement: Any) -> SimGpuInstance:
+        gpu, _ = self._mig_gpu(handle)
+        spec = self._spec_by_info_id(gpu, profile_id)
+        with self._mig_lock:
+            taken = [(gi.spec, gi.start) for gi in gpu.gpu_instances]
+            if placement is None:
+                problems = [placement_problem(gpu, spec, s, existing=taken) for s in spec.starts]
+                start = next(
+                    (s for s, p in zip(spec.starts, problems, strict=True) if p is None), None
+                )
+                code = pynvml.NVML_ERROR_INSUFFICIENT_RESOURCES if start is None else None
+            else:
+                start = int(placement.start)
+                code = (
+                    pynvml.NVML_ERROR_INVALID_ARGUMENT
+                    if int(placement.size) != spec.memory_slices
+                    else placement_problem(gpu, spec, start, existing=taken)
+                )
+            if code is not None or start is None:
+                final = code or pynvml.NVML_ERROR_INSUFFICIENT_RESOURCES
+                self._record("create_gpu_instance", gpu, spec, start, final)
+                raise nvml_error(final)
+            gi = add_gpu_instance(gpu, spec, start)
+            self._record("create_gpu_instance", gpu, spec, start, pynvml.NVML_SUCCESS)
+            return gi
+
+    def nvmlDeviceGetGpuInstanceById(self, handle: Any, gpuInstanceId: int) -> SimGpuInstance:
+        gpu, _ = self._mig_gpu(handle)
+        found = next((gi for gi in gpu.gpu_instances if gi.id == gpuInstanceId), None)
+        if found is None:
+            raise nvml_error(pynvml.NVML_ERROR_NOT_FOUND)
+        return found
+
+    def nvmlGpuInstanceGetInfo(self, gpuInstance: Any) -> SimInstanceInfo:
+        gi = self._gi(gpuInstance)
+        placement = pynvml.c_nvmlGpuInstancePlacement_t(gi.start, gi.spec.memory_slices)
+        return SimInstanceInfo(gi.gpu, gi.id, gi.spec.profile_info_id, placement)
+
+    def nvmlGpuInstanceDestroy(self, gpuInstance: Any) -> int:
+        gi = self._gi(gpuInstance)
+        with self._mig_lock:
+            if gi.compute_instances:
+                self._record(
+                    "destroy_gpu_instance", gi.gpu, gi.spec, gi.start, pynvml.NVML_ERROR_IN_USE
+                )
+                raise nvml_error(pynvml.NVML_ERROR_IN_USE)
+            gi.gpu.gpu_instances.remove(gi)
+            self._record("destroy_gpu_instance", gi.gpu, gi.spec, gi.start, pynvml.NVML_SUCCESS)
+        return int(pynvml.NVML_SUCCESS)
+
+    # ---- compute instances ----
+
+    def nvmlGpuInstanceGetComputeInstanceProfileInfo(
+        self,
+        gpuInstance: Any,
+        profile: int,
+        engProfile: int,
+        version: int = 2,
+    ) -> pynvml.c_nvmlComputeInstanceProfileInfo_v2_t:
+        gi = self._gi(gpuInstance)
+        slices = _CI_SLICES.get(profile)
+        if engProfile != pynvml.NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED:
+            raise nvml_error(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        if slices is None or slices > gi.spec.compute_slices:
+            raise nvml_error(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        info = pynvml.c_nvmlComputeInstanceProfileInfo_v2_t()
+        info.id = profile
+        info.sliceCount = slices
+        info.instanceCount = gi.spec.compute_slices // slices
+        info.multiprocessorCount = gi.spec.sm_count * slices // gi.spec.compute_slices
+        whole = slices == gi.spec.compute_slices
+        info.name = (f"MIG {gi.spec.name}" if whole else f"MIG {slices}c.{gi.spec.name}").encode()
+        return info
+
+    def nvmlGpuInstanceCreateComputeInstance(
+        self,
+        gpuInstance: Any,
+        profileId: int,
+    ) -> SimComputeInstance:
+        gi = self._gi(gpuInstance)
+        slices = _CI_SLICES.get(profileId)
+        if slices is None or slices > gi.spec.compute_slices:
+            raise nvml_error(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        with self._mig_lock:
+            used = sum(ci.slices for ci in gi.compute_instances)
+            if used + slices > gi.spec.compute_slices:
+                code = pynvml.NVML_ERROR_INSUFFICIENT_RESOURCES
+                self._record("create_compute_instance", gi.gpu, gi.spec, gi.start, code)
+                raise nvml_error(code)
+            ci = add_compute_instance(gi, profileId, slices)
+            self._record("create_compute_instance", gi.gpu, gi.spec, gi.start, 0)
+            return ci
+
+    def nvmlGpuInstanceGetComputeInstanceById(
+        self,
+        gpuInstance: Any,
+        computeInstanceId: int,
+    ) -> SimComputeInstance:
+        gi = self._gi(gpuInstance)
+        found = next((c for c in gi.compute_instances if c.id == computeInstanceId), None)
+        if found is None:
+            raise nvml_error(pynvml.NVML_ERROR_NOT_FOUND)
+        return found
+
+    def _ci(self, handle: Any) -> SimComputeInstance:
+        self._check_init()
+        if (
+            not isinstance(handle, SimComputeInstance)
+            or handle not in handle.gpu_instance.compute_instances
+        ):
+            raise nvml_error(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        self._alive(handle.gpu_instance.gpu)
+        return handle
+
+    def nvmlComputeInstanceGetInfo(self, computeInstance: Any) -> SimInstanceInfo:
+        ci = self._ci(computeInstance)
+        placement = pynvml.c_nvmlGpuInstancePlacement_t(ci.start, ci.slices)
+        gi = ci.gpu_instance
+        return SimInstanceInfo(gi.gpu, ci.id, ci.profile_id, placement, gpuInstance=gi)
+
+    nvmlComputeInstanceGetInfo_v2 = nvmlComputeInstanceGetInfo
+
+    def nvmlComputeInstanceDestroy(self, computeInstance: Any) -> int:
+        ci = self._ci(computeInstance)
+        gi = ci.gpu_instance
+        with self._mig_lock:
+            gi.compute_instances.remove(ci)
+            self._record("destroy_compute_instance", gi.gpu, gi.spec, gi.start, 0)
+        return int(pynvml.NVML_SUCCESS)
+
+
+def _deref(ref: Any) -> Any:
+    """The object behind a ctypes ``byref(...)``/``pointer(...)`` argument, or `ref` itself."""
+    if hasattr(ref, "_obj"):
+        return ref._obj
+    if isinstance(ref, ctypes._Pointer):
+        return ref.contents
+    return ref

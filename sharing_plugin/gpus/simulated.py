@@ -1,0 +1,318 @@
+"""A simulated pynvml: the same functions, constants and errors, backed by a node description.
+
+The NVML adapter takes the pynvml module as a value; handing it a `SimulatedNvml` instead makes
+the production adapter code run against pretend GPUs, unchanged. Names the simulation does not
+implement resolve to pynvml's own constants, structures and exception classes, and any other
+``nvml*`` function raises NVML_ERROR_FUNCTION_NOT_FOUND, as a driver lacking that symbol does.
+Return values use pynvml's ctypes structures where they hold no handles; where NVML returns
+handles inside a structure, a plain object with the same field names is returned.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pynvml
+
+from sharing_plugin.errors import ConfigError, Problem
+from sharing_plugin.gpus.node import Fault, LoadedNode, load_node_file, load_preset
+from sharing_plugin.gpus.sim_faults import FaultFeed, SimEventData, SimEventSet
+from sharing_plugin.gpus.sim_mig import SimMigOps
+from sharing_plugin.gpus.sim_state import (
+    NO_ID,
+    SimComputeInstance,
+    SimGpu,
+    build_gpus,
+    nvml_error,
+)
+
+log = logging.getLogger(__name__)
+
+XID_GPU_FELL_OFF_THE_BUS = 79
+DRIVER_VERSION = "550.54.15"
+CUDA_DRIVER_VERSION = 12040
+
+
+@dataclass(frozen=True, slots=True)
+class SimMemory:
+    total: int
+    free: int
+    used: int
+
+
+class SimulatedNvml(SimMigOps):
+    """A stand-in for the `pynvml` module, built from a node description."""
+
+    def __init__(self, node: LoadedNode, *, mig_mode_needs_reset: bool = False) -> None:
+        try:
+            gpus, warnings = build_gpus(node)
+        except ValueError as exc:
+            source = str(node.path) if node.path is not None else f"preset {node.identity}"
+            raise ConfigError([Problem(path="gpus", message=str(exc), file=source)]) from exc
+        super().__init__(gpus, mig_mode_needs_reset=mig_mode_needs_reset)
+        self.node = node
+        self.warnings: tuple[str, ...] = tuple(warnings)
+        self._lock = threading.Lock()
+        self._event_sets: list[SimEventSet] = []
+        for fault in node.description.faults:
+            if fault.lost is not None:
+                self._set_lost(fault)  # lost GPUs are state; earlier Xids are history
+        self._feed = (
+            FaultFeed(node.path, node.description.faults, self.inject)
+            if node.path is not None
+            else None
+        )
+
+    @classmethod
+    def from_preset(cls, name: str) -> SimulatedNvml:
+        return cls(load_preset(name))
+
+    @classmethod
+    def from_file(cls, path: Path) -> SimulatedNvml:
+        return cls(load_node_file(path))
+
+    def __getattr__(self, name: str) -> Any:
+        value = getattr(pynvml, name)
+        if name.startswith("nvml") and callable(value):
+            return _not_simulated
+        return value
+
+    # ---- faults: what tests and node files inject ----
+
+    def inject(self, fault: Fault) -> None:
+        """Deliver one fault now: an Xid event, or a GPU lost (Xid 79) / back."""
+        if fault.lost is not None:
+            self._set_lost(fault)
+            return
+        target = self._resolve_fault_target(fault.gpu)
+        if target is None:
+            log.warning("simulated NVML: fault names no known device: %r", fault.gpu)
+            return
+        gpu, gi_id, ci_id = target
+        self._emit(gpu, fault.xid or 0, gi_id, ci_id)
+
+    def inject_xid(self, gpu: int | str, xid: int) -> None:
+        self.inject(Fault(gpu=gpu, xid=xid))
+
+    def set_lost(self, gpu: int | str, lost: bool = True) -> None:
+        self.inject(Fault(gpu=gpu, lost=lost))
+
+    def _set_lost(self, fault: Fault) -> None:
+        target = self._resolve_fault_target(fault.gpu)
+        if target is None:
+            log.warning("simulated NVML: fault names no known GPU: %r", fault.gpu)
+            return
+        gpu = target[0]
+        was_lost, gpu.lost = gpu.lost, bool(fault.lost)
+        if gpu.lost and not was_lost:
+            self._emit(gpu, XID_GPU_FELL_OFF_THE_BUS, NO_ID, NO_ID)
+
+    def _resolve_fault_target(self, ref: int | str) -> tuple[SimGpu, int, int] | None:
+        for gpu in self.gpus:
+            if ref in (gpu.index, gpu.uuid):
+                return gpu, NO_ID, NO_ID
+            for ci in gpu.mig_devices():
+                if ref == ci.uuid:
+                    return gpu, ci.gpu_instance.id, ci.id
+        return None
+
+    def _emit(self, gpu: SimGpu, xid: int, gi_id: int, ci_id: int) -> None:
+        event = SimEventData(gpu, pynvml.nvmlEventTypeXidCriticalError, xid, gi_id, ci_id)
+        with self._lock:
+            sets = list(self._event_sets)
+        for event_set in sets:
+            event_set.offer(gpu.index, event)
+
+    # ---- library ----
+
+    def nvmlInit(self) -> None:
+        with self._lock:
+            self._init_count += 1
+
+    def nvmlInitWithFlags(self, flags: int) -> None:
+        self.nvmlInit()
+
+    def nvmlShutdown(self) -> None:
+        with self._lock:
+            if self._init_count == 0:
+                raise nvml_error(pynvml.NVML_ERROR_UNINITIALIZED)
+            self._init_count -= 1
+            last = self._init_count == 0
+        if last and self._feed is not None:
+            self._feed.stop()
+
+    def nvmlSystemGetDriverVersion(self) -> str:
+        self._check_init()
+        return DRIVER_VERSION
+
+    def nvmlSystemGetCudaDriverVersion(self) -> int:
+        self._check_init()
+        return CUDA_DRIVER_VERSION
+
+    nvmlSystemGetCudaDriverVersion_v2 = nvmlSystemGetCudaDriverVersion
+
+    # ---- devices ----
+
+    def nvmlDeviceGetCount(self) -> int:
+        self._check_init()
+        return len(self.gpus)
+
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> SimGpu:
+        self._check_init()
+        if not 0 <= index < len(self.gpus):
+            raise nvml_error(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        gpu = self.gpus[index]
+        gpu.check_alive()
+        return gpu
+
+    def nvmlDeviceGetHandleByUUID(self, uuid: str | bytes) -> SimGpu | SimComputeInstance:
+        self._check_init()
+        text = uuid.decode() if isinstance(uuid, bytes) else uuid
+        for gpu in self.gpus:
+            if gpu.uuid == text:
+                gpu.check_alive()
+                return gpu
+            for ci in gpu.mig_devices():
+                if ci.uuid == text:
+                    gpu.check_alive()
+                    return ci
+        raise nvml_error(pynvml.NVML_ERROR_NOT_FOUND)
+
+    def nvmlDeviceGetIndex(self, handle: Any) -> int:
+        return self._gpu(handle).index
+
+    def nvmlDeviceGetName(self, handle: Any) -> str:
+        if isinstance(handle, SimComputeInstance):
+            gpu = self._alive(handle.gpu_instance.gpu)
+            return f"{gpu.product} MIG {handle.gpu_instance.spec.name}"
+        return self._gpu(handle).product
+
+    def nvmlDeviceGetUUID(self, handle: Any) -> str:
+        if isinstance(handle, SimComputeInstance):
+            self._alive(handle.gpu_instance.gpu)
+            return handle.uuid
+        return self._gpu(handle).uuid
+
+    def nvmlDeviceGetMemoryInfo(self, handle: Any, version: int | None = None) -> SimMemory:
+        if isinstance(handle, SimComputeInstance):
+            self._alive(handle.gpu_instance.gpu)
+            total = handle.gpu_instance.spec.memory_mib << 20
+        else:
+            total = self._gpu(handle).memory_mib << 20
+        return SimMemory(total=total, free=total, used=0)
+
+    def nvmlDeviceGetMinorNumber(self, handle: Any) -> int:
+        # MIG devices have no /dev/nvidiaN node of their own (they are reached through
+        # /dev/nvidia-caps), so NVML reports no minor number for them.
+        if isinstance(handle, SimComputeInstance):
+            raise nvml_error(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        return self._gpu(handle).index
+
+    def nvmlDeviceGetPciInfo(self, handle: Any) -> pynvml.nvmlPciInfo_t:
+        return _pci_info(self._gpu(handle).pci_bus_id)
+
+    nvmlDeviceGetPciInfo_v3 = nvmlDeviceGetPciInfo
+
+    def nvmlDeviceGetNumaNodeId(self, handle: Any) -> int:
+        gpu = self._gpu(handle)
+        if gpu.numa_node is None:
+            raise nvml_error(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        return gpu.numa_node
+
+    def nvmlDeviceGetCudaComputeCapability(self, handle: Any) -> tuple[int, int]:
+        gpu = self._gpu(handle)
+        return gpu.model.compute_capability if gpu.model is not None else (7, 0)
+
+    # ---- NVLink and PCIe topology ----
+
+    def nvmlDeviceGetNvLinkState(self, handle: Any, link: int) -> int:
+        gpu = self._gpu(handle)
+        if not gpu.nvlink_peers:
+            raise nvml_error(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        if not 0 <= link < len(gpu.nvlink_peers):
+            raise nvml_error(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        return int(gpu.nvlink_peers[link] is not None)
+
+    def nvmlDeviceGetNvLinkRemotePciInfo(self, handle: Any, link: int) -> pynvml.nvmlPciInfo_t:
+        gpu = self._gpu(handle)
+        if not gpu.nvlink_peers:
+            raise nvml_error(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        if not 0 <= link < len(gpu.nvlink_peers):
+            raise nvml_error(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        peer = gpu.nvlink_peers[link]
+        if peer is None:
+            raise nvml_error(pynvml.NVML_ERROR_NOT_FOUND)
+        return _pci_info(self.gpus[peer].pci_bus_id)
+
+    def nvmlDeviceGetTopologyCommonAncestor(self, device1: Any, device2: Any) -> int:
+        a, b = self._gpu(device1), self._gpu(device2)
+        if a is b:
+            return int(pynvml.NVML_TOPOLOGY_INTERNAL)
+        if a.numa_node == b.numa_node:
+            return int(pynvml.NVML_TOPOLOGY_NODE)
+        return int(pynvml.NVML_TOPOLOGY_SYSTEM)
+
+    # ---- events ----
+
+    def nvmlDeviceGetSupportedEventTypes(self, handle: Any) -> int:
+        self._gpu(handle)
+        return int(pynvml.nvmlEventTypeXidCriticalError)
+
+    def nvmlEventSetCreate(self) -> SimEventSet:
+        self._check_init()
+        event_set = SimEventSet(self._feed.check if self._feed is not None else _nothing)
+        with self._lock:
+            self._event_sets.append(event_set)
+        if self._feed is not None:
+            self._feed.start()
+        return event_set
+
+    def nvmlDeviceRegisterEvents(self, handle: Any, eventTypes: int, eventSet: Any) -> None:
+        if isinstance(handle, SimComputeInstance):
+            raise nvml_error(pynvml.NVML_ERROR_NOT_SUPPORTED)  # events register on the GPU
+        gpu = self._gpu(handle)
+        if not isinstance(eventSet, SimEventSet) or eventSet.freed:
+            raise nvml_error(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        if eventTypes & ~int(pynvml.nvmlEventTypeXidCriticalError):
+            raise nvml_error(pynvml.NVML_ERROR_NOT_SUPPORTED)  # only Xids are simulated
+        eventSet.register(gpu.index, eventTypes)
+
+    def nvmlEventSetWait_v2(self, eventSet: Any, timeoutms: int) -> SimEventData:
+        self._check_init()
+        if not isinstance(eventSet, SimEventSet) or eventSet.freed:
+            raise nvml_error(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        return eventSet.wait(timeoutms)
+
+    nvmlEventSetWait = nvmlEventSetWait_v2
+
+    def nvmlEventSetFree(self, eventSet: Any) -> None:
+        if not isinstance(eventSet, SimEventSet):
+            raise nvml_error(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        eventSet.freed = True
+        with self._lock:
+            if eventSet in self._event_sets:
+                self._event_sets.remove(eventSet)
+            idle = not self._event_sets
+        if idle and self._feed is not None:
+            self._feed.stop()
+
+
+def _pci_info(bus_id: str) -> pynvml.nvmlPciInfo_t:
+    info = pynvml.nvmlPciInfo_t()
+    domain, bus, rest = bus_id.split(":")
+    info.domain, info.bus, info.device = int(domain, 16), int(bus, 16), int(rest.split(".")[0], 16)
+    info.busId = bus_id.encode()
+    info.busIdLegacy = bus_id[4:].encode()
+    return info
+
+
+def _not_simulated(*_args: Any, **_kwargs: Any) -> None:
+    raise nvml_error(pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)
+
+
+def _nothing() -> None:
+    return None
