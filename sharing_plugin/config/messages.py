@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from pydantic import BaseModel, ValidationError
+from yaml.nodes import MappingNode
 
 from sharing_plugin.config.model import MAX_DEVICES_PER_RESOURCE, Config
 from sharing_plugin.config.rules import RULE_ERROR, Issue, format_loc
@@ -160,8 +161,8 @@ def _errors(exc: ValidationError) -> Iterator[tuple[Loc, str, bool]]:
 
 def locate(doc: Document, loc: Loc, *, on_key: bool) -> Mark:
     """The mark of the key or value at `loc`, or of its nearest ancestor that was written."""
-    if on_key and loc in doc.keys:
-        return doc.keys[loc]
+    if loc in doc.keys and (on_key or isinstance(doc.nodes.get(loc), MappingNode)):
+        return doc.keys[loc]  # a whole section is wrong: its key is where the reader looks
     if loc in doc.values:
         return doc.values[loc]
     for end in range(len(loc) - 1, -1, -1):

@@ -93,7 +93,7 @@ class Strict(BaseModel):
         extra="forbid",
         frozen=True,
         use_attribute_docstrings=True,
-        field_title_generator=lambda name, info: info.alias or name,
+        field_title_generator=lambda name, info: info.alias or to_camel(name),
     )
 
 
