@@ -49,6 +49,15 @@ def _hash(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
+def _without_nulls(value: Any) -> Any:
+    """`key:` with nothing after it means "not set", as in the reference's Go decoder."""
+    if isinstance(value, dict):
+        return {k: _without_nulls(v) for k, v in value.items() if v is not None}
+    if isinstance(value, list):
+        return [_without_nulls(v) for v in value]
+    return value
+
+
 def _config(doc: Document, *, file: str, prefix: str = "", remap: Remap = lambda m: m) -> Config:
     """Validate a composed document as a Config; problems carry `prefix` and remapped marks."""
 
@@ -68,7 +77,7 @@ def _config(doc: Document, *, file: str, prefix: str = "", remap: Remap = lambda
             ]
         )
     try:
-        return Config.model_validate(doc.value, by_alias=True, by_name=False)
+        return Config.model_validate(_without_nulls(doc.value), by_alias=True, by_name=False)
     except ValidationError as exc:
         raise ConfigError(
             [

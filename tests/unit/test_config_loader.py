@@ -171,3 +171,8 @@ def test_select_ambiguous_without_default() -> None:
 def test_select_plain_file_ignores_names() -> None:
     configs = parse_configs("version: v1\n", file="c.yaml")
     assert select(configs, "whatever", "other")[0] is None
+
+
+def test_empty_sections_mean_not_set() -> None:
+    loaded = parse_config("version: v1\nflags:\nsharing:\n  timeSlicing:\n", file="c.yaml")
+    assert loaded.config.sharing.active is None
