@@ -1,0 +1,59 @@
+"""The reload diff and draining, over plans built by the real plan() from configs."""
+
+from __future__ import annotations
+
+from plan_factory import config, gpu, node, time_slicing
+
+from sharing_plugin.plan import plan
+from sharing_plugin.plan.diff import diff, draining_ids, with_draining
+
+NODE = node(gpu(0), gpu(1))
+
+
+def test_first_plan_starts_every_resource() -> None:
+    new = plan(time_slicing({"name": "gpu", "replicas": 2}), NODE)
+    d = diff(None, new)
+    assert [r.name for r in d.start] == ["nvidia.com/gpu"]
+    assert not d.stop and not d.push
+
+
+def test_same_plan_changes_nothing() -> None:
+    a = plan(time_slicing({"name": "gpu", "replicas": 2}), NODE)
+    b = plan(time_slicing({"name": "gpu", "replicas": 2}), NODE)
+    d = diff(a, b)
+    assert d.empty and d.unchanged == ("nvidia.com/gpu",)
+    assert d.describe() == "no change"
+
+
+def test_replica_change_pushes_and_rename_starts_and_stops() -> None:
+    a = plan(time_slicing({"name": "gpu", "replicas": 2}), NODE)
+    more = plan(time_slicing({"name": "gpu", "replicas": 4}), NODE)
+    assert [r.name for r in diff(a, more).push] == ["nvidia.com/gpu"]
+    renamed = plan(time_slicing({"name": "gpu", "replicas": 2}, renameByDefault=True), NODE)
+    d = diff(a, renamed)
+    assert [r.name for r in d.start] == ["nvidia.com/gpu.shared"]
+    assert d.stop == ("nvidia.com/gpu",)
+    assert d.describe() == "+nvidia.com/gpu.shared -nvidia.com/gpu"
+
+
+def test_held_replica_dropped_by_new_plan_stays_unhealthy() -> None:
+    old = plan(time_slicing({"name": "gpu", "replicas": 4}), NODE)
+    new = plan(time_slicing({"name": "gpu", "replicas": 2}), NODE)
+    held_id = old.resources[0].ids[3]  # replica 3 of GPU 0: gone in the new plan
+    assert held_id not in new.resources[0]
+    drained = with_draining(new, old, {"nvidia.com/gpu": frozenset({held_id})})
+    device = drained.resources[0].device(held_id)
+    assert device is not None and not device.healthy
+    assert draining_ids(drained, new) == {"nvidia.com/gpu": (held_id,)}
+    # Once released, the same computation drops it.
+    assert with_draining(new, drained, {}) == new
+
+
+def test_removed_resource_with_held_device_keeps_only_that_device() -> None:
+    old = plan(time_slicing({"name": "gpu", "replicas": 2}, renameByDefault=True), NODE)
+    new = plan(config(), NODE)
+    held_id = old.resources[0].ids[0]
+    drained = with_draining(new, old, {"nvidia.com/gpu.shared": frozenset({held_id})})
+    shared = drained.resource("nvidia.com/gpu.shared")
+    assert shared is not None and shared.ids == (held_id,) and shared.healthy_count == 0
+    assert drained.resource("nvidia.com/gpu") is not None
