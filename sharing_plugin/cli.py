@@ -7,12 +7,16 @@ calls `sys.exit`; errors travel up as exceptions from `sharing_plugin.errors`.
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from sharing_plugin.config import load_configs, schema_text
-from sharing_plugin.errors import ConfigError
+from sharing_plugin.config import load_configs, schema_text, select
+from sharing_plugin.errors import ConfigError, PlanError, Problem, SharingPluginError
+from sharing_plugin.gpus.nvml import backend_from_spec, discover
+from sharing_plugin.plan import plan
+from sharing_plugin.plan.render import locate, plan_json, plan_table
 
 EXIT_OK = 0
 EXIT_INVALID = 1
@@ -30,6 +34,16 @@ def _parser() -> argparse.ArgumentParser:
     validate.add_argument("files", nargs="+", metavar="FILE")
 
     sub.add_parser("schema", help="print the JSON Schema of the config")
+
+    plan = sub.add_parser("plan", help="show what a config would advertise on a node")
+    plan.add_argument(
+        "--config", required=True, metavar="PATH", help="config file, manifest or dir"
+    )
+    plan.add_argument("--config-name", metavar="NAME", help="which named config to use")
+    plan.add_argument(
+        "--gpus", required=True, metavar="SPEC", help="nvml, simulated:PRESET or simulated:PATH"
+    )
+    plan.add_argument("--format", choices=("table", "json"), default="table")
     return parser
 
 
@@ -62,9 +76,67 @@ def _cmd_schema(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _plan_problem_line(problem: Problem, file: str, config_name: str | None) -> str:
+    """A plan problem as `validate` prints config problems: at the entry it is about."""
+    if problem.file is not None:
+        return str(problem)
+    path = Path(file)
+    manifest = path.is_file() and config_name is not None
+    if path.is_dir() and config_name is not None:
+        path = path / config_name
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        text = ""
+    # Inside a ConfigMap manifest, point at the config's key and name it, as validate does.
+    prefix = f"data.{config_name}: " if manifest else ""
+    target = f"data.{config_name}" if manifest else problem.path
+    where = locate(target, text) if target else None
+    at = f"{path}:{where[0]}:{where[1]}: " if where else f"{path}: "
+    inner = f"{problem.path}: " if problem.path else ""
+    return f"{at}{prefix}{inner}{problem.message}"
+
+
+def _cmd_plan(args: argparse.Namespace) -> int:
+    try:
+        configs = load_configs(Path(args.config))
+        name, loaded = select(configs, None, args.config_name)
+    except ConfigError as exc:
+        for problem in exc.problems:
+            print(problem if problem.file else f"{args.config}: {problem}")
+        return EXIT_INVALID
+    try:
+        backend = backend_from_spec(args.gpus)
+    except ConfigError as exc:
+        for problem in exc.problems:
+            print(f"sharing-plugin plan: {problem}", file=sys.stderr)
+        return EXIT_USAGE
+    config = loaded.config
+    try:
+        inventory = discover(backend, fail_on_init_error=config.flags.fail_on_init_error)
+        result = plan(config, inventory)
+    except PlanError as exc:
+        for problem in exc.problems:
+            print(_plan_problem_line(problem, args.config, name))
+        return EXIT_INVALID
+    except SharingPluginError as exc:
+        print(f"sharing-plugin plan: {args.gpus}: {exc}", file=sys.stderr)
+        return EXIT_INVALID
+    for warning in loaded.warnings:
+        print(f"warning: {loaded.file}: {warning}", file=sys.stderr)
+    warnings = list(inventory.warnings)
+    if args.format == "json":
+        document = plan_json(result, config_name=name, warnings=warnings)
+        print(json.dumps(document, indent=2))
+    else:
+        print(plan_table(result, config_name=name, warnings=warnings))
+    return EXIT_OK
+
+
 _COMMANDS = {
     "validate": _cmd_validate,
     "schema": _cmd_schema,
+    "plan": _cmd_plan,
 }
 
 

@@ -103,7 +103,9 @@ def _advertised(
                     f"advertises nothing under migStrategy {strategy.value}: create MIG devices "
                     "on it (partitioning.mig) or disable its MIG mode"
                 )
-                if layout_declared:
+                # Mixed advertises each MIG device on its own, so an empty GPU only advertises
+                # nothing; single promises uniform devices and must refuse (the rule).
+                if layout_declared or strategy is MigStrategy.MIXED:
                     warnings.append(f"{MIG_STRATEGY_PATH}: {message}")
                 else:
                     problems.append(Problem(MIG_STRATEGY_PATH, message))

@@ -75,13 +75,15 @@ def test_single_rejects_mixed_profiles_and_mixed_modes_each_on_its_own() -> None
     assert "GPU 2" in problems[1].message and "GPU 3" in problems[2].message
 
 
-def test_mig_enabled_gpu_without_mig_devices_is_an_error() -> None:
+def test_mig_enabled_gpu_without_mig_devices_is_an_error_under_single() -> None:
     inv = node(gpu(0, mig_enabled=True), gpu(1, migs=("1g.10gb",)))
-    for strategy in ("single", "mixed"):
-        with pytest.raises(PlanError) as err:
-            plan(config(flags={"migStrategy": strategy}), inv)
-        (problem,) = err.value.problems
-        assert "GPU 0" in problem.message and "no MIG devices" in problem.message
+    with pytest.raises(PlanError) as err:
+        plan(config(flags={"migStrategy": "single"}), inv)
+    (problem,) = err.value.problems
+    assert "GPU 0" in problem.message and "no MIG devices" in problem.message
+    mixed = plan(config(flags={"migStrategy": "mixed"}), inv)
+    assert names(mixed) == ["nvidia.com/mig-1g.10gb"]
+    assert "GPU 0" in mixed.warnings[0] and "no MIG devices" in mixed.warnings[0]
 
 
 def test_mig_enabled_gpu_without_devices_is_a_warning_when_a_layout_is_declared() -> None:

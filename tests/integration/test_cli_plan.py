@@ -1,0 +1,115 @@
+"""`sharing-plugin plan` on the simulated presets with every example config."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from sharing_plugin.cli import main
+from sharing_plugin.gpus.node import preset_names
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLES = sorted((ROOT / "config" / "examples").glob("*.yaml"))
+# (example, preset) pairs that must not fit: the example names GPUs the node lacks.
+MISFITS = {("per-gpu-replicas.yaml", "workstation")}
+
+
+@pytest.mark.parametrize("preset", preset_names())
+@pytest.mark.parametrize("example", EXAMPLES, ids=lambda p: p.name)
+def test_every_example_on_every_preset(
+    example: Path, preset: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code = main(
+        ["plan", "--config", str(example), "--gpus", f"simulated:{preset}", "--format", "json"]
+    )
+    out = capsys.readouterr().out
+    if (example.name, preset) in MISFITS:
+        assert code == 1
+        assert all(line.startswith(f"{example}:") for line in out.splitlines())
+        return
+    assert code == 0, out
+    doc = json.loads(out)
+    assert set(doc) >= {"config", "resources", "mig", "warnings"}
+    assert doc["config"] == {"name": None}
+    ids = [d["id"] for r in doc["resources"] for d in r["devices"]]
+    assert ids and len(ids) == len(set(ids))
+    for r in doc["resources"]:
+        assert r["sharing"] in ("none", "time-slicing", "mps")
+        for d in r["devices"]:
+            assert set(d) >= {"id", "physical", "health", "numa"}
+            assert d["id"].split("::")[0] == d["physical"]
+            assert d["health"] in ("Healthy", "Unhealthy")
+    code = main(["plan", "--config", str(example), "--gpus", f"simulated:{preset}"])
+    table = capsys.readouterr().out
+    assert code == 0
+    assert "RESOURCE" in table
+    for r in doc["resources"]:
+        assert r["name"] in table
+
+
+def test_table_shows_per_gpu_replicas(capsys: pytest.CaptureFixture[str]) -> None:
+    example = ROOT / "config" / "examples" / "time-slicing.yaml"
+    assert main(["plan", "--config", str(example), "--gpus", "simulated:t4x4"]) == 0
+    out = capsys.readouterr().out
+    assert "nvidia.com/gpu.shared" in out and "time-slicing" in out
+    rows = [line for line in out.splitlines() if line.strip().startswith("GPU ")]
+    assert len(rows) == 4 and all(" 4 " in row for row in rows)
+
+
+def test_config_that_does_not_fit_points_at_the_entry(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = tmp_path / "c.yaml"
+    config.write_text(
+        "version: v1\n"
+        "sharing:\n"
+        "  timeSlicing:\n"
+        "    resources:\n"
+        "      - name: gpu\n"
+        "        devices: [0, 7]\n"
+        "        replicas: 2\n"
+    )
+    assert main(["plan", "--config", str(config), "--gpus", "simulated:t4x4"]) == 1
+    (line,) = capsys.readouterr().out.splitlines()
+    assert line.startswith(f"{config}:6:22: sharing.timeSlicing.resources[0].devices[1]: GPU 7")
+
+
+def test_named_config_in_a_manifest(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    manifest = tmp_path / "cm.yaml"
+    manifest.write_text(
+        "apiVersion: v1\n"
+        "kind: ConfigMap\n"
+        "metadata: {name: plugin}\n"
+        "data:\n"
+        "  default: |\n"
+        "    version: v1\n"
+        "  shared: |\n"
+        "    version: v1\n"
+        "    sharing:\n"
+        "      timeSlicing:\n"
+        "        resources: [{name: gpu, devices: [9], replicas: 2}]\n"
+    )
+    args = ["plan", "--config", str(manifest), "--gpus", "simulated:t4x4", "--format", "json"]
+    assert main(args) == 0
+    assert json.loads(capsys.readouterr().out)["config"] == {"name": "default"}
+    assert main([*args, "--config-name", "shared"]) == 1
+    (line,) = capsys.readouterr().out.splitlines()
+    assert line.startswith(f"{manifest}:7:3: data.shared: sharing.timeSlicing.resources[0]")
+
+
+def test_invalid_config_prints_validate_lines(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = tmp_path / "bad.yaml"
+    config.write_text("version: v1\nflags:\n  migStrategy: sometimes\n")
+    assert main(["plan", "--config", str(config), "--gpus", "simulated:t4x4"]) == 1
+    out = capsys.readouterr().out
+    assert out.startswith(f"{config}:3:") and "flags.migStrategy" in out
+
+
+def test_unknown_gpu_spec_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    example = ROOT / "config" / "examples" / "time-slicing.yaml"
+    assert main(["plan", "--config", str(example), "--gpus", "bogus"]) == 2
+    assert "--gpus" in capsys.readouterr().err
