@@ -1,0 +1,131 @@
+"""Xid health events: from the simulated NVML (method call or node file edit) to the adapter."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+import yaml
+
+from sharing_plugin.errors import NvmlError
+from sharing_plugin.gpus.nvml import backend_from_spec, discover
+from sharing_plugin.gpus.simulated import SimulatedNvml
+from sharing_plugin.gpus.xid import XidEvent, XidWatch, xid_events
+
+
+async def test_an_injected_xid_reaches_the_iterator() -> None:
+    sim = SimulatedNvml.from_preset("dgx-a100-80gb")
+    inventory = discover(sim)
+    async with XidWatch(sim, inventory, wait_ms=100) as events:
+        sim.inject_xid(3, 48)
+        event = await asyncio.wait_for(anext(events), timeout=1.0)
+    assert event == XidEvent(inventory.gpus[3].uuid, 48)
+
+
+async def test_an_xid_on_a_mig_device_names_that_mig_device() -> None:
+    sim = SimulatedNvml.from_preset("a100-mig-mixed")
+    inventory = discover(sim)
+    target = inventory.gpus[4].mig_devices[1]
+    async with XidWatch(sim, inventory, wait_ms=100) as events:
+        sim.inject_xid(target.uuid, 94)
+        sim.inject_xid(4, 48)  # not attributed to an instance: the whole GPU
+        first = await asyncio.wait_for(anext(events), timeout=1.0)
+        second = await asyncio.wait_for(anext(events), timeout=1.0)
+    assert first == XidEvent(target.uuid, 94)
+    assert second == XidEvent(inventory.gpus[4].uuid, 48)
+
+
+def _node_file(path: Path) -> Path:
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "gpus": [{"product": "Tesla T4", "count": 2}],
+                "faults": [{"gpu": 0, "xid": 31}],  # present at start: history, not delivered
+            }
+        )
+    )
+    return path
+
+
+def _append_fault(path: Path, fault: dict[str, object]) -> None:
+    data = yaml.safe_load(path.read_text())
+    data["faults"].append(fault)
+    path.write_text(yaml.safe_dump(data))
+
+
+async def test_appending_to_the_faults_list_delivers_one_event(tmp_path: Path) -> None:
+    node = _node_file(tmp_path / "node.yaml")
+    sim = backend_from_spec(f"simulated:{node}")
+    inventory = discover(sim)
+    async with XidWatch(sim, inventory, wait_ms=200) as events:
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        _append_fault(node, {"gpu": 1, "xid": 79})
+        event = await asyncio.wait_for(anext(events), timeout=1.0)
+        assert loop.time() - started < 1.0
+        assert event == XidEvent(inventory.gpus[1].uuid, 79)
+        # The same entry is not delivered twice when the file changes again.
+        _append_fault(node, {"gpu": inventory.gpus[0].uuid, "xid": 13})
+        event = await asyncio.wait_for(anext(events), timeout=1.0)
+        assert event == XidEvent(inventory.gpus[0].uuid, 13)
+
+
+async def test_a_lost_entry_makes_the_gpu_lost_and_reports_xid_79(tmp_path: Path) -> None:
+    node = _node_file(tmp_path / "node.yaml")
+    sim = backend_from_spec(f"simulated:{node}")
+    inventory = discover(sim)
+    async with XidWatch(sim, inventory, wait_ms=200) as events:
+        _append_fault(node, {"gpu": 0, "lost": True})
+        event = await asyncio.wait_for(anext(events), timeout=1.0)
+    assert event == XidEvent(inventory.gpus[0].uuid, 79)
+    assert not discover(sim).gpus[0].healthy_at_discovery
+
+
+async def test_the_generator_form_stops_its_thread_when_closed() -> None:
+    sim = SimulatedNvml.from_preset("workstation")
+    inventory = discover(sim)
+    events = xid_events(sim, inventory, wait_ms=50)
+    consumer = asyncio.create_task(anext(events))
+    await asyncio.sleep(0.05)
+    sim.inject_xid(0, 43)
+    assert await asyncio.wait_for(consumer, timeout=1.0) == XidEvent(inventory.gpus[0].uuid, 43)
+    await events.aclose()
+    assert sim._init_count == 0  # event set freed and NVML shut down by the thread
+
+
+async def test_cancelling_a_waiting_consumer_ends_the_watch() -> None:
+    sim = SimulatedNvml.from_preset("workstation")
+    inventory = discover(sim)
+
+    async def consume() -> None:
+        async for _ in xid_events(sim, inventory, wait_ms=50):
+            pass
+
+    task = asyncio.create_task(consume())
+    await asyncio.sleep(0.1)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert sim._init_count == 0
+
+
+async def test_a_gpu_lost_before_the_watch_starts_is_listed_as_unwatched() -> None:
+    sim = SimulatedNvml.from_preset("t4x4")
+    inventory = discover(sim)
+    sim.set_lost(1)
+    async with XidWatch(sim, inventory, wait_ms=50) as watch:
+        assert watch.unwatched == [inventory.gpus[1].uuid]
+
+
+async def test_an_nvml_that_cannot_start_fails_the_watch() -> None:
+    class NoDriver(SimulatedNvml):
+        def nvmlInit(self) -> None:
+            import pynvml
+
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_DRIVER_NOT_LOADED)
+
+    sim = NoDriver.from_preset("workstation")
+    with pytest.raises(NvmlError, match="NVML_ERROR_DRIVER_NOT_LOADED"):
+        async with XidWatch(sim, discover(SimulatedNvml.from_preset("workstation"))):
+            pass
