@@ -1,0 +1,120 @@
+"""MIG operations through the adapter, against the simulated NVML's rules and call record."""
+
+from __future__ import annotations
+
+import pytest
+
+from sharing_plugin.errors import GpuLostError, NvmlError
+from sharing_plugin.gpus.inventory import MigPlacement
+from sharing_plugin.gpus.mig_ops import (
+    create_compute_instance,
+    create_gpu_instance,
+    destroy_mig_device,
+    possible_placements,
+    set_mig_mode,
+)
+from sharing_plugin.gpus.nvml import discover
+from sharing_plugin.gpus.sim_mig import MigCall
+from sharing_plugin.gpus.simulated import SimulatedNvml
+
+GI_1_SLICE, GI_3_SLICE, GI_7_SLICE = 0, 2, 4  # NVML_GPU_INSTANCE_PROFILE_*
+CI_3_SLICE = 2  # NVML_COMPUTE_INSTANCE_PROFILE_3_SLICE
+
+
+def test_possible_placements_come_from_the_profile_table() -> None:
+    sim = SimulatedNvml.from_preset("dgx-a100-80gb")
+    uuid = sim.gpus[0].uuid
+    assert possible_placements(sim, uuid, profile_index=GI_3_SLICE) == (
+        MigPlacement(0, 4),
+        MigPlacement(4, 4),
+    )
+    assert len(possible_placements(sim, uuid, profile_index=GI_1_SLICE)) == 7
+
+
+def test_create_then_discover_then_destroy() -> None:
+    sim = SimulatedNvml.from_preset("a100-mig-mixed")
+    gpu = discover(sim).gpus[3]  # MIG on, no instances
+    assert gpu.mig_enabled and gpu.mig_devices == ()
+
+    gi_id = create_gpu_instance(sim, gpu.uuid, profile_index=GI_3_SLICE, start=4)
+    created = create_compute_instance(sim, gpu.uuid, gi_id=gi_id, ci_profile_index=CI_3_SLICE)
+    (mig,) = discover(sim).gpus[3].mig_devices
+    assert (mig.uuid, mig.gi_id, mig.ci_id) == (created.uuid, created.gi_id, created.ci_id)
+    assert (mig.profile, mig.placement) == ("3g.40gb", MigPlacement(4, 4))
+
+    with pytest.raises(NvmlError, match="NVML_ERROR_IN_USE"):  # its compute instance is there
+        destroy_mig_device(sim, gpu.uuid, gi_id=gi_id, ci_id=None)
+    destroy_mig_device(sim, gpu.uuid, gi_id=gi_id, ci_id=created.ci_id)
+    assert discover(sim).gpus[3].mig_devices == ()
+    with pytest.raises(NvmlError, match="NVML_ERROR_NOT_FOUND"):
+        destroy_mig_device(sim, gpu.uuid, gi_id=gi_id, ci_id=None)
+
+    assert [(c.op, c.gpu, c.profile, c.start, c.result) for c in sim.mig_calls] == [
+        ("create_gpu_instance", 3, "3g.40gb", 4, "SUCCESS"),
+        ("create_compute_instance", 3, "3g.40gb", 4, "SUCCESS"),
+        ("destroy_gpu_instance", 3, "3g.40gb", 4, "NVML_ERROR_IN_USE"),
+        ("destroy_compute_instance", 3, "3g.40gb", 4, "SUCCESS"),
+        ("destroy_gpu_instance", 3, "3g.40gb", 4, "SUCCESS"),
+    ]
+    assert all(isinstance(c, MigCall) for c in sim.mig_calls)
+
+
+def test_a_refused_creation_is_recorded_and_names_the_error() -> None:
+    sim = SimulatedNvml.from_preset("a100-mig-mixed")
+    uuid = sim.gpus[0].uuid  # 3g.40gb@0, 2g.20gb@4, 1g.10gb@6: full
+    with pytest.raises(
+        NvmlError,
+        match=r"creating a 1g.10gb GPU instance at memory slice 6.*"
+        "INSUFFICIENT_RESOURCES",
+    ):
+        create_gpu_instance(sim, uuid, profile_index=GI_1_SLICE, start=6)
+    assert sim.mig_calls[-1].result == "NVML_ERROR_INSUFFICIENT_RESOURCES"
+
+
+def test_gpus_without_mig_refuse_mig_calls() -> None:
+    sim = SimulatedNvml.from_preset("t4x4")
+    uuid = sim.gpus[0].uuid
+    with pytest.raises(NvmlError, match="NVML_ERROR_NOT_SUPPORTED"):
+        possible_placements(sim, uuid, profile_index=GI_1_SLICE)
+    with pytest.raises(NvmlError, match="NVML_ERROR_NOT_SUPPORTED"):
+        create_gpu_instance(sim, uuid, profile_index=GI_1_SLICE, start=0)
+    with pytest.raises(NvmlError, match="NVML_ERROR_NOT_SUPPORTED"):
+        set_mig_mode(sim, uuid, enabled=True)
+
+
+def test_mig_calls_on_a_mig_disabled_gpu_are_not_supported() -> None:
+    sim = SimulatedNvml.from_preset("dgx-h100")
+    with pytest.raises(NvmlError, match="NVML_ERROR_NOT_SUPPORTED"):
+        create_gpu_instance(sim, sim.gpus[0].uuid, profile_index=GI_7_SLICE, start=0)
+
+
+def test_a_lost_gpu_answers_gpu_is_lost() -> None:
+    sim = SimulatedNvml.from_preset("a100-mig-mixed")
+    sim.set_lost(0)
+    with pytest.raises(GpuLostError):
+        destroy_mig_device(sim, sim.gpus[0].uuid, gi_id=1, ci_id=0)
+
+
+def test_mig_mode_takes_effect_at_once_on_an_idle_gpu() -> None:
+    sim = SimulatedNvml.from_preset("dgx-h100")
+    state = set_mig_mode(sim, sim.gpus[0].uuid, enabled=True)
+    assert (state.current, state.pending, state.reset_required) == (True, True, False)
+    assert discover(sim).gpus[0].mig_enabled
+
+
+def test_mig_mode_can_stay_pending_until_a_reset() -> None:
+    sim = SimulatedNvml.from_preset("dgx-h100")
+    sim.mig_mode_needs_reset = True
+    state = set_mig_mode(sim, sim.gpus[1].uuid, enabled=True)
+    assert (state.current, state.pending, state.reset_required) == (False, True, True)
+    gpu = discover(sim).gpus[1]
+    assert (gpu.mig_enabled, gpu.mig_pending) == (False, True)
+    sim.reset_gpu(1)
+    assert discover(sim).gpus[1].mig_enabled
+
+
+def test_mig_mode_cannot_be_turned_off_under_existing_instances() -> None:
+    sim = SimulatedNvml.from_preset("a100-mig-mixed")
+    with pytest.raises(NvmlError, match="turning MIG mode off: NVML_ERROR_IN_USE"):
+        set_mig_mode(sim, sim.gpus[0].uuid, enabled=False)
+    assert set_mig_mode(sim, sim.gpus[3].uuid, enabled=False).current is False
