@@ -1,0 +1,287 @@
+"""One advertised resource in front of kubelet: a grpc.aio server on its own socket, registered.
+
+Lifecycle, in the order kubelet forces (DESIGN §3, §4):
+
+    start()    listen on a fresh socket in <kubelet-dir>/device-plugins and check it answers;
+    register() Register with kubelet, which dials back at once, so we must already serve;
+    update()   swap the plan snapshot; kubelet hears of it only when what it sees changed;
+    restart()  kubelet restarted (it wiped device-plugins/) or our socket vanished:
+               listen on a new socket, register again, then let the old server go;
+    stop()     tell kubelet there are no devices, stop serving, delete our socket.
+
+Socket names are unique per start (`sharing-<slug>-<random>.sock`): kubelet identifies a plugin
+by its endpoint, and a name reused across restarts could be mistaken for a stale one. The slug
+keeps only `[a-z0-9.-]` of the resource name, so nothing an admin types reaches a path unchecked.
+Start, register, restart and stop are serialised by one lock; a supervisor that must stop
+quickly cancels a pending register or restart before calling stop().
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+import secrets
+from pathlib import Path
+
+import grpc
+
+from sharing_plugin.errors import KubeletError
+from sharing_plugin.kubelet import registration
+from sharing_plugin.kubelet.api.constants import DEVICE_PLUGINS_DIR
+from sharing_plugin.kubelet.api.deviceplugin.v1beta1 import api_pb2 as dp
+from sharing_plugin.kubelet.api.deviceplugin.v1beta1 import api_pb2_grpc as dp_grpc
+from sharing_plugin.kubelet.servicer import (
+    OPTIONS,
+    AllocateContext,
+    DevicePluginServicer,
+    Snapshot,
+    snapshot,
+)
+from sharing_plugin.observability.metrics import Metrics
+from sharing_plugin.plan import ResourcePlan
+
+__all__ = ["AllocateContext", "ResourceServer", "socket_name"]
+
+log = logging.getLogger(__name__)
+
+# A GetPreferredAllocation request lists every free device ID (7,168 IDs of ~45 bytes is about
+# 350 KiB); gRPC's default 4 MiB limit is close enough to a big node that we raise it.
+MAX_MESSAGE_BYTES = 16 * 1024 * 1024
+SERVER_OPTIONS = (
+    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+)
+# Bounded so that SIGTERM -> exit stays within 2 s with every resource stopping at once.
+STOP_GRACE_S = 0.5
+READY_TIMEOUT_S = 2.0
+# AF_UNIX sun_path holds 108 bytes including the terminating NUL.
+MAX_SOCKET_PATH_BYTES = 107
+_UNSAFE = re.compile(r"[^a-z0-9.-]+")
+_EMPTY_LIST = dp.ListAndWatchResponse()
+
+
+def socket_name(resource_name: str, *, max_length: int = 64) -> str:
+    """A fresh socket file name for `resource_name`: `sharing-<slug>-<8 hex>.sock`."""
+    slug = _UNSAFE.sub("-", resource_name.lower()).strip("-.")
+    fixed = len("sharing--.sock") + 8
+    slug = slug[: max(0, max_length - fixed)].strip("-.")
+    return (
+        f"sharing-{slug}-{secrets.token_hex(4)}.sock"
+        if slug
+        else (f"sharing-{secrets.token_hex(4)}.sock")
+    )
+
+
+class _Listener:
+    """One started grpc.aio server, its servicer and its socket file."""
+
+    def __init__(self, server: grpc.aio.Server, servicer: DevicePluginServicer, path: Path):
+        self.server = server
+        self.servicer = servicer
+        self.path = path
+
+    async def close(self, final: dp.ListAndWatchResponse | None) -> None:
+        # Ending our streams first lets server.stop() return as soon as unary calls finish,
+        # instead of waiting out the grace period on streams that never end by themselves.
+        self.servicer.broadcast(final, final=True)
+        await self.server.stop(STOP_GRACE_S)
+        # Our name is unique, so this never removes a file kubelet created after a restart.
+        self.path.unlink(missing_ok=True)
+
+
+class ResourceServer:
+    """Serves one resource's plan to kubelet; see the module docstring for the lifecycle."""
+
+    def __init__(
+        self,
+        *,
+        kubelet_dir: Path,
+        resource: ResourcePlan,
+        context: AllocateContext,
+        metrics: Metrics | None = None,
+    ) -> None:
+        self._kubelet_dir = Path(kubelet_dir)
+        self._plugin_dir = self._kubelet_dir / DEVICE_PLUGINS_DIR
+        self._name = resource.name
+        self._metrics = metrics
+        self._snapshot: Snapshot = snapshot(resource, context)
+        self._listener: _Listener | None = None
+        self._registered = False
+        self._lock = asyncio.Lock()
+        self._record_devices()
+
+    # -- state ---------------------------------------------------------------------------------
+
+    @property
+    def name(self) -> str:
+        return self._name
+
+    @property
+    def socket_path(self) -> Path | None:
+        return self._listener.path if self._listener is not None else None
+
+    @property
+    def registered(self) -> bool:
+        return self._registered
+
+    @property
+    def resource(self) -> ResourcePlan:
+        return self._snapshot.resource
+
+    @property
+    def context(self) -> AllocateContext:
+        return self._snapshot.context
+
+    @property
+    def open_streams(self) -> int:
+        """ListAndWatch streams kubelet holds open on the current socket."""
+        return self._listener.servicer.open_streams if self._listener is not None else 0
+
+    # -- lifecycle -----------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Listen on a fresh socket and check it answers; a no-op when already listening."""
+        async with self._lock:
+            if self._listener is None:
+                self._listener = await self._listen()
+
+    async def register(self) -> None:
+        """Register with kubelet (listening first if needed); KubeletError when refused."""
+        async with self._lock:
+            await self._register()
+
+    async def restart(self) -> None:
+        """Listen on a new socket and register again, then stop the old server.
+
+        The old server goes last so that a kubelet that is still alive (only our socket was
+        deleted) keeps a working stream until the new registration replaces it. Raises
+        KubeletError when registration fails; the new socket keeps listening for a retry.
+        """
+        async with self._lock:
+            old, self._listener = self._listener, None
+            self._set_registered(False)
+            try:
+                self._listener = await self._listen()
+                await self._register()
+            finally:
+                if old is not None:
+                    await old.close(None)
+
+    async def stop(self) -> None:
+        """Advertise no devices, stop serving and delete our socket; idempotent."""
+        async with self._lock:
+            listener, self._listener = self._listener, None
+            if listener is None:
+                return
+            # Kubelet keeps the devices of an ended stream as Unhealthy for 5 minutes; an empty
+            # list first makes the resource's capacity drop to 0 at once.
+            await listener.close(_EMPTY_LIST)
+            self._set_registered(False)
+            log.info("stopped serving %s (socket %s removed)", self._name, listener.path)
+
+    def update(self, resource: ResourcePlan, context: AllocateContext | None = None) -> bool:
+        """Swap in a new snapshot; push one ListAndWatch message iff kubelet's view changed.
+
+        Returns whether kubelet's view (ID, health, NUMA of each device, in order) changed.
+        """
+        if resource.name != self._name:
+            raise ValueError(f"server for {self._name} cannot serve {resource.name}")
+        old = self._snapshot
+        new = snapshot(resource, context or old.context)
+        self._snapshot = new
+        if new.key == old.key:
+            return False
+        if self._listener is not None:
+            self._listener.servicer.broadcast(new.message)
+        self._record_devices()
+        return True
+
+    # -- internals -----------------------------------------------------------------------------
+
+    async def _listen(self) -> _Listener:
+        self._plugin_dir.mkdir(parents=True, exist_ok=True)
+        budget = MAX_SOCKET_PATH_BYTES - len(str(self._plugin_dir).encode()) - 1
+        if budget < len("sharing-00000000.sock"):
+            raise KubeletError(
+                f"cannot listen for {self._name}: {self._plugin_dir} is too long for a unix "
+                f"socket path ({MAX_SOCKET_PATH_BYTES} bytes at most); use a shorter kubelet dir"
+            )
+        path = self._plugin_dir / socket_name(self._name, max_length=min(budget, 64))
+        servicer = DevicePluginServicer(self._name, lambda: self._snapshot, self._metrics)
+        server = grpc.aio.server(options=SERVER_OPTIONS)
+        dp_grpc.add_DevicePluginServicer_to_server(servicer, server)
+        try:
+            server.add_insecure_port(f"unix://{path}")
+        except RuntimeError as exc:
+            raise KubeletError(
+                f"cannot listen for {self._name} on {path}: {exc}; check that the directory "
+                "exists and is writable by the plugin"
+            ) from exc
+        await server.start()
+        listener = _Listener(server, servicer, path)
+        try:
+            await self._check_answers(path)
+        except BaseException:
+            await listener.close(None)
+            raise
+        log.debug("serving %s on %s", self._name, path)
+        return listener
+
+    async def _check_answers(self, path: Path) -> None:
+        async with grpc.aio.insecure_channel(
+            f"unix://{path}", options=[("grpc.default_authority", "localhost")]
+        ) as channel:
+            try:
+                await dp_grpc.DevicePluginStub(channel).GetDevicePluginOptions(
+                    dp.Empty(), timeout=READY_TIMEOUT_S, wait_for_ready=True
+                )
+            except grpc.aio.AioRpcError as exc:
+                raise KubeletError(
+                    f"device plugin for {self._name} does not answer on its own socket {path}: "
+                    f"{exc.code().name}: {exc.details()}"
+                ) from exc
+
+    async def _register(self) -> None:
+        listener = self._listener
+        # A kubelet that started after us wiped device-plugins/, our socket included.
+        if listener is None or not listener.path.exists():
+            self._listener = None
+            if listener is not None:
+                await listener.close(None)
+            listener = self._listener = await self._listen()
+        try:
+            await registration.register(
+                self._kubelet_dir,
+                endpoint=listener.path.name,
+                resource_name=self._name,
+                options=OPTIONS,
+            )
+        except KubeletError:
+            self._set_registered(False)
+            if self._metrics is not None:
+                self._metrics.count_registration(self._name, ok=False)
+            raise
+        self._set_registered(True)
+        if self._metrics is not None:
+            self._metrics.count_registration(self._name, ok=True)
+        resource = self._snapshot.resource
+        log.info(
+            "registered %s with kubelet on %s (%d devices, %d healthy)",
+            self._name,
+            listener.path.name,
+            len(resource.devices),
+            resource.healthy_count,
+        )
+
+    def _set_registered(self, registered: bool) -> None:
+        self._registered = registered
+        if self._metrics is not None:
+            self._metrics.set_registered(self._name, registered)
+
+    def _record_devices(self) -> None:
+        if self._metrics is not None:
+            resource = self._snapshot.resource
+            self._metrics.set_devices(
+                self._name, total=len(resource.devices), healthy=resource.healthy_count
+            )

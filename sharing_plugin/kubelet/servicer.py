@@ -1,0 +1,194 @@
+"""The DevicePlugin gRPC service of one resource, answering from an atomically swapped snapshot.
+
+Every call reads the server's current `Snapshot` exactly once, at its start, so a reload that
+swaps the snapshot mid-call can never mix two plans in one answer. Requests are untrusted: a
+refusal from the plan becomes INVALID_ARGUMENT with the plan's message, and anything else is
+logged and answered INTERNAL; no request can take the server down.
+
+ListAndWatch streams end only when kubelet cancels them or the server stops: kubelet treats a
+stream that finishes as a dead plugin, marks every device Unhealthy and never reconnects
+(devicemanager/plugin/v1beta1/client.go). Each stream keeps only the latest pending message, so a
+burst of updates reaches a slow kubelet as one full list, not a backlog of stale ones.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import grpc
+
+from sharing_plugin.config.model import Flags
+from sharing_plugin.errors import AllocationError
+from sharing_plugin.gpus.inventory import Inventory
+from sharing_plugin.kubelet import translate
+from sharing_plugin.kubelet.api.deviceplugin.v1beta1 import api_pb2 as dp
+from sharing_plugin.kubelet.api.deviceplugin.v1beta1 import api_pb2_grpc as dp_grpc
+from sharing_plugin.observability.metrics import Metrics
+from sharing_plugin.plan import CONTROL_DEVICE_NODES, ResourcePlan, allocate, preferred
+
+log = logging.getLogger(__name__)
+
+Context = grpc.aio.ServicerContext[Any, Any]
+
+# What the plugin offers kubelet; kubelet reads these from GetDevicePluginOptions, not from the
+# RegisterRequest, so both places must say the same.
+OPTIONS = dp.DevicePluginOptions(pre_start_required=False, get_preferred_allocation_available=True)
+
+
+@dataclass(frozen=True)
+class AllocateContext:
+    """What Allocate and GetPreferredAllocation need besides the resource's devices."""
+
+    flags: Flags
+    inventory: Inventory | None = None
+    control_nodes: tuple[str, ...] = CONTROL_DEVICE_NODES
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """One consistent view of a resource: its plan, the flags, and the ListAndWatch message."""
+
+    resource: ResourcePlan
+    context: AllocateContext
+    key: translate.DeviceKey
+    message: dp.ListAndWatchResponse = field(compare=False)
+
+
+def snapshot(resource: ResourcePlan, context: AllocateContext) -> Snapshot:
+    return Snapshot(
+        resource=resource,
+        context=context,
+        key=translate.device_key(resource),
+        message=translate.list_response(resource.devices),
+    )
+
+
+class _Stream:
+    """One open ListAndWatch call: the latest message not yet sent, and whether it is the last."""
+
+    __slots__ = ("final", "pending", "wake")
+
+    def __init__(self) -> None:
+        self.pending: dp.ListAndWatchResponse | None = None
+        self.final = False
+        self.wake = asyncio.Event()
+
+    def push(self, message: dp.ListAndWatchResponse | None, *, final: bool = False) -> None:
+        if message is not None:
+            self.pending = message
+        self.final = self.final or final
+        self.wake.set()
+
+
+class DevicePluginServicer(dp_grpc.DevicePluginServicer):
+    """The service behind one listening socket; `current` returns the snapshot to answer from."""
+
+    def __init__(
+        self, name: str, current: Callable[[], Snapshot], metrics: Metrics | None = None
+    ) -> None:
+        self._name = name
+        self._current = current
+        self._metrics = metrics
+        self._streams: set[_Stream] = set()
+
+    @property
+    def open_streams(self) -> int:
+        return len(self._streams)
+
+    def broadcast(self, message: dp.ListAndWatchResponse | None, *, final: bool = False) -> None:
+        """Queue `message` on every open stream (replacing one not yet sent); `final` ends them
+        after it."""
+        for stream in self._streams:
+            stream.push(message, final=final)
+
+    # -- the DevicePlugin service ------------------------------------------------------------
+
+    async def GetDevicePluginOptions(
+        self, request: dp.Empty, context: Context
+    ) -> dp.DevicePluginOptions:
+        return OPTIONS
+
+    async def ListAndWatch(
+        self, request: dp.Empty, context: Context
+    ) -> AsyncIterator[dp.ListAndWatchResponse]:
+        stream = _Stream()
+        # Registering the stream and reading the first list happen with no await in between, so
+        # an update can neither slip between them nor be sent twice.
+        self._streams.add(stream)
+        first = self._current().message
+        try:
+            yield first
+            while True:
+                await stream.wake.wait()
+                stream.wake.clear()
+                message, stream.pending = stream.pending, None
+                if message is not None:
+                    yield message
+                if stream.final:
+                    return
+        finally:
+            self._streams.discard(stream)
+
+    async def Allocate(self, request: dp.AllocateRequest, context: Context) -> dp.AllocateResponse:
+        snap = self._current()
+        started = time.perf_counter()
+        flags, nodes = snap.context.flags, snap.context.control_nodes
+        try:
+            responses = [
+                translate.container_response(
+                    allocate(snap.resource, list(req.devices_ids), flags, control_nodes=nodes)
+                )
+                for req in request.container_requests
+            ]
+        except AllocationError as exc:
+            self._observe(started, ok=False)
+            log.warning("refused Allocate for %s: %s", self._name, exc)
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        except Exception as exc:
+            self._observe(started, ok=False)
+            log.exception("Allocate for %s failed unexpectedly", self._name)
+            await context.abort(
+                grpc.StatusCode.INTERNAL,
+                f"device plugin for {self._name} failed to answer Allocate: "
+                f"{type(exc).__name__}: {exc} (a bug: please report it with the plugin's log)",
+            )
+        self._observe(started, ok=True)
+        return dp.AllocateResponse(container_responses=responses)
+
+    async def GetPreferredAllocation(
+        self, request: dp.PreferredAllocationRequest, context: Context
+    ) -> dp.PreferredAllocationResponse:
+        snap = self._current()
+        policy = snap.context.flags.plugin.shared_devices_allocation_policy
+        answers: list[dp.ContainerPreferredAllocationResponse] = []
+        for req in request.container_requests:
+            try:
+                ids = preferred(
+                    snap.resource,
+                    list(req.available_deviceIDs),
+                    list(req.must_include_deviceIDs),
+                    req.allocation_size,
+                    policy,
+                    inventory=snap.context.inventory,
+                )
+            except Exception:
+                # Kubelet fills a short answer from its own free list, so an empty answer only
+                # costs the placement quality, never the pod.
+                log.exception("GetPreferredAllocation for %s failed; answering none", self._name)
+                ids = []
+            answers.append(dp.ContainerPreferredAllocationResponse(deviceIDs=ids))
+        return dp.PreferredAllocationResponse(container_responses=answers)
+
+    async def PreStartContainer(
+        self, request: dp.PreStartContainerRequest, context: Context
+    ) -> dp.PreStartContainerResponse:
+        return dp.PreStartContainerResponse()
+
+    def _observe(self, started: float, *, ok: bool) -> None:
+        if self._metrics is not None:
+            self._metrics.observe_allocate(self._name, time.perf_counter() - started, ok=ok)

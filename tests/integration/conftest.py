@@ -1,0 +1,57 @@
+"""Fixtures for integration tests: short socket directories, a kubelet simulator, GPU nodes."""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sharing_plugin.config.model import Config
+from sharing_plugin.gpus import nvml
+from sharing_plugin.gpus.inventory import Inventory
+from sharing_plugin.kubelet.simulator import KubeletSimulator
+from sharing_plugin.plan import Plan, plan
+
+
+@pytest.fixture
+def short_dir() -> Iterator[Path]:
+    """A fresh directory under /tmp: pytest's tmp_path is too long for AF_UNIX socket paths
+    (108 bytes), so socket tests keep their paths well under 100 bytes here."""
+    path = Path(tempfile.mkdtemp(prefix="k", dir="/tmp"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture
+async def kubelet_sim(short_dir: Path) -> AsyncIterator[KubeletSimulator]:
+    """A running kubelet simulator with short timeouts, so failure paths stay fast."""
+    async with KubeletSimulator(short_dir, grace_period=0.2, dial_timeout=2.0) as sim:
+        yield sim
+
+
+_INVENTORIES: dict[str, Inventory] = {}
+
+
+def node(preset: str) -> Inventory:
+    """The inventory of a simulated preset node, discovered through the NVML adapter once."""
+    if preset not in _INVENTORIES:
+        _INVENTORIES[preset] = nvml.discover(nvml.backend_from_spec(f"simulated:{preset}"))
+    return _INVENTORIES[preset]
+
+
+@pytest.fixture
+def make_plan() -> Callable[..., tuple[Plan, Config, Inventory]]:
+    """make_plan(config_dict, preset="dgx-a100-80gb") -> (plan, config, inventory)."""
+
+    def build(
+        config: dict[str, Any], preset: str = "dgx-a100-80gb"
+    ) -> tuple[Plan, Config, Inventory]:
+        cfg = Config.model_validate({"version": "v1", **config})
+        inventory = node(preset)
+        return plan(cfg, inventory), cfg, inventory
+
+    return build
