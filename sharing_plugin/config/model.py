@@ -348,6 +348,26 @@ class Health(Strict):
     """Watch Xid events and mark affected devices Unhealthy."""
     ignored_xids: tuple[Annotated[StrictInt, Field(ge=0)], ...] = DEFAULT_IGNORED_XIDS
     """Xids that are application errors, not GPU faults."""
+    recovery_quiet_period_seconds: Annotated[StrictInt, Field(ge=0)] = 60
+    """An Unhealthy device is Healthy again once NVML answers and no fault came for this long."""
+    recovery_check_seconds: Annotated[StrictInt, Field(ge=1)] = 30
+    """First recheck of an Unhealthy device; the delay doubles while NVML does not answer."""
+    recovery_check_max_seconds: Annotated[StrictInt, Field(ge=1)] = 300
+    """Longest delay between two rechecks of an Unhealthy device."""
+
+    @model_validator(mode="after")
+    def _check_delays(self) -> Health:
+        if self.recovery_check_max_seconds < self.recovery_check_seconds:
+            rules.raise_issues(
+                [
+                    rules.Issue(
+                        ("recoveryCheckMaxSeconds",),
+                        f"must be >= recoveryCheckSeconds ({self.recovery_check_seconds}); "
+                        f"got {self.recovery_check_max_seconds}",
+                    )
+                ]
+            )
+        return self
 
 
 class Imex(Strict):
