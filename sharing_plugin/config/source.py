@@ -1,0 +1,234 @@
+"""The config as a stream of validated outcomes: read once at start, then after every change.
+
+An admin edits a file, kubelet swaps a mounted ConfigMap's `..data` symlink, or the node label
+names another config; each becomes a `ConfigUpdate` holding either the selected, validated
+config or the precise error, so the consumer can keep serving its last good config.
+
+Why it is shaped so:
+- kubelet updates a ConfigMap volume by writing a new timestamped directory and renaming a
+  `..data_tmp` symlink over `..data` (atomic), then deleting the old directory. A watch on the
+  old target would die with it, so the directory that holds `..data` is watched, never a target.
+- A deleted file must be noticed when it comes back, so a file is watched through its parent
+  directory; if a directory on the way is missing, the nearest existing ancestor is watched
+  until the path can be watched again.
+- The watcher runs in its own task for the life of `updates()`, so changes that land while
+  the consumer applies the previous update are never lost; they only mark the source dirty.
+  Reads then coalesce: whatever arrives meanwhile, the next read sees the latest state.
+- A plain file can be caught half-written; an error from a change-driven read is only
+  reported once the path has been quiet for `error_settle_ms`, so the fix that follows a torn
+  write hides it. Errors from `trigger()` (SIGHUP, label) are reported at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from sharing_plugin.config.loader import LoadedConfig, load_configs, select
+from sharing_plugin.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+_RETRY_MIN_S = 0.2
+_RETRY_MAX_S = 10.0
+
+
+@dataclass(frozen=True)
+class ConfigUpdate:
+    """One outcome of (re)reading the config.
+
+    `loaded` is None only when no config path was given (the default config applies); `error`
+    is set when reading, validating or selecting failed, and the consumer keeps its last good
+    config.
+    """
+
+    name: str | None
+    loaded: LoadedConfig | None
+    error: ConfigError | None
+    reason: str
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+
+def _fingerprint(update: ConfigUpdate) -> tuple[object, ...]:
+    if update.error is not None:
+        return ("error", str(update.error))
+    if update.loaded is None:
+        return ("default",)
+    return ("config", update.name, update.loaded.source_hash, update.loaded.file)
+
+
+class ConfigSource:
+    """Reads the config at `path` and tells about every change to it (see the module doc)."""
+
+    def __init__(
+        self,
+        path: Path | None,
+        *,
+        requested_name: str | None = None,
+        label_value: Callable[[], str | None] | None = None,
+        debounce_ms: int = 20,
+        step_ms: int = 5,
+        error_settle_ms: int = 100,
+    ) -> None:
+        self._path = path
+        self._requested_name = requested_name
+        self._label_value = label_value or (lambda: None)
+        self._debounce_ms = debounce_ms
+        self._step_ms = step_ms
+        self._error_settle_s = error_settle_ms / 1000
+        self._stop = asyncio.Event()
+        self._wake = asyncio.Event()
+        self._dirty = False
+        self._triggers: list[str] = []
+        self._last: tuple[object, ...] | None = None
+
+    @property
+    def path(self) -> Path | None:
+        return self._path
+
+    def read(self, reason: str = "start") -> ConfigUpdate:
+        """Read, validate and select now (start-up, `plan`); remembered as the latest outcome."""
+        update = self._read(reason)
+        self._last = _fingerprint(update)
+        return update
+
+    def _read(self, reason: str) -> ConfigUpdate:
+        if self._path is None:
+            return ConfigUpdate(None, None, None, reason)
+        try:
+            configs = load_configs(self._path)
+            name, loaded = select(configs, self._label_value(), self._requested_name)
+        except ConfigError as exc:
+            return ConfigUpdate(None, None, exc, reason)
+        return ConfigUpdate(name, loaded, None, reason)
+
+    def trigger(self, reason: str) -> None:
+        """Force a re-read (SIGHUP, label change); it is reported even if nothing changed."""
+        self._triggers.append(reason)
+        self._wake.set()
+
+    def stop(self) -> None:
+        """End `updates()`: the watch is released and the iterator returns."""
+        self._stop.set()
+        self._wake.set()
+
+    async def updates(self) -> AsyncIterator[ConfigUpdate]:
+        """Every new outcome, until `stop()`; see the module doc for what counts as new.
+
+        Once the watch is in place the path is read again, and that outcome is yielded if it
+        differs from the last `read()` (a change between start-up and the watch is not lost).
+        """
+        watcher: asyncio.Task[None] | None = None
+        if self._path is not None:
+            watcher = asyncio.create_task(
+                self._watch(self._path), name=f"config-watch:{self._path}"
+            )
+        try:
+            while not self._stop.is_set():
+                await self._wake.wait()
+                self._wake.clear()
+                if self._stop.is_set():
+                    return
+                triggers, self._triggers = self._triggers, []
+                changed, self._dirty = self._dirty, False
+                if not triggers and not changed:
+                    continue
+                reason = triggers[-1] if triggers else "file changed"
+                update = self._read(reason)
+                if update.error is not None and not triggers and await self._settling():
+                    continue
+                fingerprint = _fingerprint(update)
+                if not triggers and fingerprint == self._last:
+                    continue
+                self._last = fingerprint
+                yield update
+        finally:
+            self._stop.set()
+            if watcher is not None:
+                await _finish(watcher)
+
+    async def _settling(self) -> bool:
+        """True if another change or trigger arrives within the settle time."""
+        try:
+            await asyncio.wait_for(self._wake.wait(), self._error_settle_s)
+        except TimeoutError:
+            return False
+        return True
+
+    def _changed(self) -> None:
+        self._dirty = True
+        self._wake.set()
+
+    async def _watch(self, path: Path) -> None:
+        """Watch `path` through the right directory until stopped; re-aim when it moves."""
+        # Lazy: watchfiles loads a native extension and is only needed by the daemon.
+        from watchfiles import awatch
+
+        delay = _RETRY_MIN_S
+        while not self._stop.is_set():
+            target, relevant = _watch_target(path)
+            # Whatever happened while no watch was in place must not be missed: read again.
+            # The consumer runs this read only after this task yields, and awatch sets up its
+            # inotify watch before its first suspension, so the read cannot precede the watch.
+            self._changed()
+            try:
+                async for changes in awatch(
+                    target,
+                    watch_filter=None,
+                    debounce=self._debounce_ms,
+                    step=self._step_ms,
+                    stop_event=self._stop,
+                    recursive=False,
+                ):
+                    if any(relevant(Path(p)) for _, p in changes):
+                        self._changed()
+                    if _watch_target(path)[0] != target:
+                        break  # the path appeared, vanished or changed kind: aim again
+                delay = _RETRY_MIN_S
+            except Exception as exc:
+                # inotify limits, a directory removed between choosing and watching it, ...
+                log.warning(
+                    "cannot watch %s for config changes (%s); retrying in %.1fs",
+                    target,
+                    exc,
+                    delay,
+                )
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._stop.wait(), delay)
+                delay = min(delay * 2, _RETRY_MAX_S)
+
+
+def _watch_target(path: Path) -> tuple[Path, Callable[[Path], bool]]:
+    """The directory to watch for `path`, and which changed paths in it matter.
+
+    A directory (a mounted ConfigMap) is watched itself and every change in it counts. A file
+    is watched through its parent: its own name counts, and so do kubelet's `..` entries, since
+    a file inside a ConfigMap volume is a symlink through `..data`.
+    """
+    if path.is_dir():
+        return path, lambda changed: True
+    if path.parent.is_dir():
+        name = path.name
+        return path.parent, lambda changed: changed.name == name or changed.name.startswith("..")
+    ancestor = path.parent
+    while not ancestor.is_dir() and ancestor != ancestor.parent:
+        ancestor = ancestor.parent
+    return ancestor, lambda changed: changed == path or changed in path.parents
+
+
+async def _finish(task: asyncio.Task[None]) -> None:
+    """Wait for the watch task, which ends within a step of the stop event; cancel stragglers."""
+    try:
+        await asyncio.wait_for(asyncio.shield(task), 1.0)
+    except TimeoutError:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+    except Exception as exc:  # already logged by nobody: the watch is ours
+        log.error("config watch failed: %s", exc, exc_info=exc)
