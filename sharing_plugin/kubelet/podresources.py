@@ -1,0 +1,106 @@
+"""Which advertised devices pods hold, asked of kubelet's PodResources API (podresources/v1).
+
+A reload that drops replicas must not lie about capacity while a pod still holds one: those IDs
+stay advertised as Unhealthy until released (DESIGN §4), and only kubelet knows who holds what.
+The socket is optional (older kubelets, or the hostPath not mounted): its absence or a failing
+call is tolerated, answered `None`, and logged once until it works again, so a reload never
+fails because of it.
+
+Kubelet answers one `ContainerDevices` entry per device and NUMA node, so entries are merged.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import grpc
+
+from sharing_plugin.kubelet.api.constants import KUBELET_SOCKET, POD_RESOURCES_DIR
+from sharing_plugin.kubelet.api.podresources.v1 import api_pb2 as pr
+from sharing_plugin.kubelet.api.podresources.v1 import api_pb2_grpc as pr_grpc
+
+log = logging.getLogger(__name__)
+
+# Kubelet's PodResources server allows 16 MiB messages (podresources.DefaultMaxMsgSize); a node
+# with many pods answers more than gRPC's default 4 MiB client limit.
+MAX_RECEIVE_BYTES = 16 * 1024 * 1024
+CALL_TIMEOUT_S = 2.0
+
+Holder = tuple[str, str, str]  # namespace, pod, container
+
+
+class PodResourcesClient:
+    """A lazily connected client of `<kubelet-dir>/pod-resources/kubelet.sock`."""
+
+    def __init__(self, kubelet_dir: Path) -> None:
+        self.socket = Path(kubelet_dir) / POD_RESOURCES_DIR / KUBELET_SOCKET
+        self._channel: grpc.aio.Channel | None = None
+        self._unavailable = False
+
+    async def held_devices(self) -> dict[str, frozenset[str]] | None:
+        """Resource name -> device IDs any pod holds; None when kubelet cannot tell."""
+        response = await self._list()
+        if response is None:
+            return None
+        held: dict[str, set[str]] = {}
+        for pod in response.pod_resources:
+            for container in pod.containers:
+                for entry in container.devices:
+                    held.setdefault(entry.resource_name, set()).update(entry.device_ids)
+        return {name: frozenset(ids) for name, ids in held.items()}
+
+    async def held_by(self) -> dict[str, Holder] | None:
+        """Device ID -> (namespace, pod, container) holding it; None when kubelet cannot tell."""
+        response = await self._list()
+        if response is None:
+            return None
+        return {
+            device_id: (pod.namespace, pod.name, container.name)
+            for pod in response.pod_resources
+            for container in pod.containers
+            for entry in container.devices
+            for device_id in entry.device_ids
+        }
+
+    async def close(self) -> None:
+        channel, self._channel = self._channel, None
+        if channel is not None:
+            await channel.close(None)
+
+    async def _list(self) -> pr.ListPodResourcesResponse | None:
+        if not self.socket.exists():
+            self._unavailable_once(f"{self.socket} does not exist")
+            return None
+        if self._channel is None:
+            self._channel = grpc.aio.insecure_channel(
+                f"unix://{self.socket}",
+                options=[
+                    ("grpc.max_receive_message_length", MAX_RECEIVE_BYTES),
+                    ("grpc.default_authority", "localhost"),
+                ],
+            )
+        try:
+            response: pr.ListPodResourcesResponse = await pr_grpc.PodResourcesListerStub(
+                self._channel
+            ).List(pr.ListPodResourcesRequest(), timeout=CALL_TIMEOUT_S)
+        except grpc.aio.AioRpcError as exc:
+            # A fresh channel next time: after a kubelet restart the old one may sit in
+            # reconnect back-off while the new socket already answers.
+            await self.close()
+            self._unavailable_once(f"List failed: {exc.code().name}: {exc.details()}")
+            return None
+        if self._unavailable:
+            self._unavailable = False
+            log.info("kubelet PodResources answers again on %s", self.socket)
+        return response
+
+    def _unavailable_once(self, why: str) -> None:
+        if not self._unavailable:
+            self._unavailable = True
+            log.warning(
+                "kubelet PodResources unavailable (%s): devices held by pods are unknown, so a "
+                "reload that drops devices cannot keep them draining; mount %s into the plugin",
+                why,
+                self.socket.parent,
+            )

@@ -1,0 +1,209 @@
+"""Noticing kubelet restarts, and waiting for kubelet, by watching `<kubelet-dir>/device-plugins`.
+
+A restarting kubelet deletes every file in device-plugins/ but its checkpoint, our sockets
+included, then listens on a new `kubelet.sock`; every plugin has to register again, on a fresh
+socket, and nothing tells it but the file system (devicemanager `CleanupPluginDirectory`). So we
+watch the directory with inotify (watchfiles) and react to two things: `kubelet.sock` created
+(kubelet restarted) and one of our own sockets deleted (someone removed it; kubelet can no longer
+reach us). No polling: an idle node costs no CPU.
+
+A directory that does not exist yet (kubelet not installed or not started) is waited for by
+watching its nearest existing ancestor, one level at a time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable, Iterable
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+from watchfiles import Change, awatch
+
+from sharing_plugin.kubelet.api.constants import DEVICE_PLUGINS_DIR, KUBELET_SOCKET
+
+log = logging.getLogger(__name__)
+
+# A kubelet restart is a burst (kubelet.sock removed, plugin sockets removed, kubelet.sock
+# created) within a few milliseconds; 50 ms groups it into one batch without delaying the
+# re-registration noticeably.
+DEBOUNCE_MS = 50
+STEP_MS = 10
+# Back-off after the watch itself fails (directory removed under us, permission trouble).
+_BACKOFF_S = (0.1, 0.5, 1.0, 2.0, 5.0)
+
+FileChanges = set[tuple[Change, str]]
+
+
+class _DirWatch:
+    """An inotify watch on one directory (not recursive), armed when `async with` returns.
+
+    Armed before returning matters: callers check the file system right after entering, and
+    a change between that check and the watch starting would otherwise be lost forever.
+    """
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self._changes = awatch(
+            directory,
+            watch_filter=None,
+            debounce=DEBOUNCE_MS,
+            step=STEP_MS,
+            recursive=False,
+        )
+        self._next: asyncio.Task[FileChanges] | None = None
+
+    async def __aenter__(self) -> _DirWatch:
+        self._arm()
+        # awatch creates its inotify watcher synchronously in the first step of the generator,
+        # before it first awaits; one turn of the loop runs that step.
+        await asyncio.sleep(0)
+        if self._next is not None and self._next.done():
+            self._next.result()  # the directory could not be watched: raise that here
+        return self
+
+    def _arm(self) -> None:
+        self._next = asyncio.create_task(
+            _anext(self._changes), name=f"kubelet-watch:{self.directory}"
+        )
+
+    async def changes(self) -> FileChanges:
+        """The next batch of changes in the directory."""
+        assert self._next is not None
+        batch = await self._next
+        self._arm()
+        return batch
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        pending, self._next = self._next, None
+        if pending is not None:
+            pending.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await pending
+        await self._changes.aclose()
+
+
+async def _anext(changes: Any) -> FileChanges:
+    result: FileChanges = await changes.__anext__()
+    return result
+
+
+def _exists(path: Path) -> bool:
+    # One stat() of a local path: never blocks long enough to matter to the event loop.
+    return path.exists()
+
+
+def _nearest_existing(path: Path) -> Path:
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return path
+
+
+async def wait_for_path(path: Path) -> None:
+    """Return once `path` exists, watching (never polling) the nearest existing ancestor."""
+    failures = 0
+    while not _exists(path):
+        directory = _nearest_existing(path.parent)
+        try:
+            async with _DirWatch(directory) as watch:
+                while not _exists(path) and _nearest_existing(path.parent) == directory:
+                    await watch.changes()
+            failures = 0
+        except OSError as exc:  # the directory vanished or cannot be read: back off, retry
+            delay = _BACKOFF_S[min(failures, len(_BACKOFF_S) - 1)]
+            failures += 1
+            log.warning("cannot watch %s for %s (%s); retrying in %gs", directory, path, exc, delay)
+            await asyncio.sleep(delay)
+
+
+async def wait_for_kubelet(kubelet_dir: Path) -> None:
+    """Return once kubelet's registration socket exists."""
+    socket = Path(kubelet_dir) / DEVICE_PLUGINS_DIR / KUBELET_SOCKET
+    if not socket.exists():
+        log.info("waiting for kubelet: %s does not exist yet", socket)
+        await wait_for_path(socket)
+
+
+class KubeletWatcher:
+    """Calls back when kubelet restarts or when one of our sockets is deleted; runs forever.
+
+    `own_sockets` is asked at each batch of changes, so sockets started or stopped since are
+    accounted for. When kubelet restarted, only `on_kubelet_restart` is called for that batch:
+    re-registering every resource covers the sockets kubelet's start-up cleanup removed.
+    A failing callback is logged and the watch goes on.
+    """
+
+    def __init__(
+        self,
+        kubelet_dir: Path,
+        on_kubelet_restart: Callable[[], Awaitable[None]],
+        on_socket_removed: Callable[[Path], Awaitable[None]],
+        *,
+        own_sockets: Callable[[], Iterable[Path]],
+    ) -> None:
+        self._plugin_dir = Path(kubelet_dir) / DEVICE_PLUGINS_DIR
+        self._kubelet_socket = self._plugin_dir / KUBELET_SOCKET
+        self._on_kubelet_restart = on_kubelet_restart
+        self._on_socket_removed = on_socket_removed
+        self._own_sockets = own_sockets
+        # Set while device-plugins/ is being watched: changes from then on are not missed.
+        self.ready = asyncio.Event()
+
+    async def run(self) -> None:
+        failures = 0
+        while True:
+            await wait_for_path(self._plugin_dir)
+            delay = 0.0
+            try:
+                inode = self._plugin_dir.stat().st_ino
+                async with _DirWatch(self._plugin_dir) as watch:
+                    failures = 0
+                    self.ready.set()
+                    while True:
+                        changes = await watch.changes()
+                        await self._dispatch(changes)
+                        if not self._same_directory(inode):
+                            # Removed (and maybe recreated): the inotify watch died with it.
+                            log.info("%s was replaced; watching it again", self._plugin_dir)
+                            break
+            except OSError as exc:
+                delay = _BACKOFF_S[min(failures, len(_BACKOFF_S) - 1)]
+                failures += 1
+                log.warning("cannot watch %s (%s); retrying in %gs", self._plugin_dir, exc, delay)
+            finally:
+                self.ready.clear()
+            if delay:
+                await asyncio.sleep(delay)
+
+    def _same_directory(self, inode: int) -> bool:
+        try:
+            return self._plugin_dir.stat().st_ino == inode
+        except OSError:
+            return False
+
+    async def _dispatch(self, changes: FileChanges) -> None:
+        created = {Path(p) for c, p in changes if c is Change.added}
+        deleted = {Path(p) for c, p in changes if c is Change.deleted}
+        if self._kubelet_socket in created and self._kubelet_socket.exists():
+            log.info("kubelet restarted (%s created): registering again", self._kubelet_socket)
+            await self._call(self._on_kubelet_restart())
+            return
+        for socket in sorted(deleted & {Path(s) for s in self._own_sockets()}):
+            if not socket.exists():
+                log.warning("our socket %s was deleted: serving on a new one", socket)
+                await self._call(self._on_socket_removed(socket))
+
+    @staticmethod
+    async def _call(callback: Awaitable[None]) -> None:
+        try:
+            await callback
+        except Exception:
+            log.exception("handling a kubelet restart failed; waiting for the next change")

@@ -1,0 +1,181 @@
+"""Kubelet restarts, late kubelets, deleted sockets and PodResources, over real unix sockets."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+from sharing_plugin.config.model import Config
+from sharing_plugin.gpus.inventory import Inventory
+from sharing_plugin.kubelet.podresources import PodResourcesClient
+from sharing_plugin.kubelet.server import AllocateContext, ResourceServer
+from sharing_plugin.kubelet.simulator import KubeletSimulator
+from sharing_plugin.kubelet.watch import KubeletWatcher, wait_for_kubelet
+from sharing_plugin.plan import Plan
+
+MakePlan = Callable[..., tuple[Plan, Config, Inventory]]
+GPU = "nvidia.com/gpu"
+
+
+def gpu_server(kubelet_dir: Path, make_plan: MakePlan) -> ResourceServer:
+    the_plan, cfg, inventory = make_plan({})
+    resource = the_plan.resource(GPU)
+    assert resource is not None
+    return ResourceServer(
+        kubelet_dir=kubelet_dir, resource=resource, context=AllocateContext(cfg.flags, inventory)
+    )
+
+
+@asynccontextmanager
+async def watching(kubelet_dir: Path, server: ResourceServer) -> AsyncIterator[list[str]]:
+    """Run a KubeletWatcher that restarts `server`; yields the log of callbacks it made."""
+    calls: list[str] = []
+
+    async def on_restart() -> None:
+        calls.append("kubelet restarted")
+        await server.restart()
+
+    async def on_removed(path: Path) -> None:
+        calls.append(f"removed {path.name}")
+        await server.restart()
+
+    watcher = KubeletWatcher(
+        kubelet_dir,
+        on_restart,
+        on_removed,
+        own_sockets=lambda: [server.socket_path] if server.socket_path else [],
+    )
+    task = asyncio.create_task(watcher.run(), name="test:kubelet-watcher")
+    try:
+        await asyncio.wait_for(watcher.ready.wait(), 5)
+        yield calls
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+
+async def test_kubelet_restart_reregisters_on_a_new_socket(
+    kubelet_sim: KubeletSimulator, make_plan: MakePlan
+) -> None:
+    server = gpu_server(kubelet_sim.kubelet_dir, make_plan)
+    await server.start()
+    try:
+        await server.register()
+        await kubelet_sim.wait_for(lambda: kubelet_sim.allocatable(GPU) == 8)
+        old = server.socket_path
+        assert old is not None
+        async with watching(kubelet_sim.kubelet_dir, server) as calls:
+            await kubelet_sim.restart()
+            await kubelet_sim.wait_for(
+                lambda: len(kubelet_sim.registrations) == 1 and kubelet_sim.allocatable(GPU) == 8
+            )
+            new = server.socket_path
+            assert new is not None and new != old and new.exists()
+            assert kubelet_sim.registrations[0].endpoint == new.name
+            assert server.registered
+            assert calls == ["kubelet restarted"]
+            pod = await kubelet_sim.admit_pod("p", containers={"c": {GPU: 1}})
+            assert pod.device_ids("c", GPU)
+    finally:
+        await server.stop()
+    assert not list(kubelet_sim.plugin_dir.glob("sharing-*"))
+
+
+async def test_a_deleted_socket_is_replaced_and_registered_again(
+    kubelet_sim: KubeletSimulator, make_plan: MakePlan
+) -> None:
+    server = gpu_server(kubelet_sim.kubelet_dir, make_plan)
+    await server.start()
+    try:
+        await server.register()
+        await kubelet_sim.wait_for(lambda: kubelet_sim.allocatable(GPU) == 8)
+        old = server.socket_path
+        assert old is not None
+        async with watching(kubelet_sim.kubelet_dir, server) as calls:
+            old.unlink()
+            await kubelet_sim.wait_for(lambda: len(kubelet_sim.registrations) == 2)
+            new = server.socket_path
+            assert new is not None and new != old
+            assert kubelet_sim.registrations[-1].endpoint == new.name
+            assert calls == [f"removed {old.name}"]
+            await kubelet_sim.wait_for(lambda: kubelet_sim.allocatable(GPU) == 8)
+    finally:
+        await server.stop()
+
+
+async def test_kubelet_started_after_the_plugin(short_dir: Path, make_plan: MakePlan) -> None:
+    kubelet_dir = short_dir / "kl"  # not even the directory exists yet
+    waiting = asyncio.create_task(wait_for_kubelet(kubelet_dir), name="test:wait-for-kubelet")
+    server = gpu_server(kubelet_dir, make_plan)
+    await server.start()  # listens already: kubelet's start-up cleanup will delete this socket
+    try:
+        async with KubeletSimulator(kubelet_dir, grace_period=0.2, dial_timeout=2.0) as kubelet:
+            await asyncio.wait_for(waiting, 5)
+            await server.register()
+            assert server.registered
+            await kubelet.wait_for(lambda: kubelet.allocatable(GPU) == 8)
+            assert server.socket_path is not None and server.socket_path.exists()
+            assert kubelet.registrations[0].endpoint == server.socket_path.name
+    finally:
+        waiting.cancel()
+        await asyncio.gather(waiting, return_exceptions=True)
+        await server.stop()
+
+
+async def test_the_watcher_waits_for_a_missing_directory(
+    short_dir: Path, make_plan: MakePlan
+) -> None:
+    kubelet_dir = short_dir / "late"
+    server = gpu_server(kubelet_dir, make_plan)
+    calls: list[str] = []
+
+    async def on_restart() -> None:
+        calls.append("restart")
+        await server.restart()
+
+    async def on_removed(path: Path) -> None:
+        calls.append("removed")
+
+    watcher = KubeletWatcher(kubelet_dir, on_restart, on_removed, own_sockets=lambda: [])
+    task = asyncio.create_task(watcher.run(), name="test:kubelet-watcher")
+    try:
+        async with KubeletSimulator(kubelet_dir, grace_period=0.2, dial_timeout=2.0) as kubelet:
+            await asyncio.wait_for(watcher.ready.wait(), 5)
+            await kubelet.restart()
+            await kubelet.wait_for(lambda: kubelet.allocatable(GPU) == 8)
+            assert calls == ["restart"]
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await server.stop()
+
+
+async def test_pod_resources_reports_held_devices_and_tolerates_absence(
+    short_dir: Path, make_plan: MakePlan
+) -> None:
+    client = PodResourcesClient(short_dir)
+    try:
+        assert await client.held_devices() is None  # no kubelet: tolerated
+        assert await client.held_by() is None
+        server = gpu_server(short_dir, make_plan)
+        async with KubeletSimulator(short_dir, grace_period=0.2, dial_timeout=2.0) as kubelet:
+            await server.start()
+            try:
+                await server.register()
+                await kubelet.wait_for(lambda: kubelet.allocatable(GPU) == 8)
+                assert await client.held_devices() == {}
+                pod = await kubelet.admit_pod(
+                    "p", "team", containers={"c": {GPU: 2}, "sidecar": {}}
+                )
+                ids = pod.device_ids("c", GPU)
+                assert await client.held_devices() == {GPU: frozenset(ids)}
+                assert await client.held_by() == dict.fromkeys(ids, ("team", "p", "c"))
+                kubelet.delete_pod("p", "team")
+                assert await client.held_devices() == {}
+            finally:
+                await server.stop()
+        assert await client.held_devices() is None  # kubelet gone again
+    finally:
+        await client.close()
