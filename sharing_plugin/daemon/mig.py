@@ -99,10 +99,11 @@ class MigReconciler:
                     log.error("GPU %d (%s): MIG layout: %s", action.gpu.index, action.gpu.uuid, exc)
                     failures[action.gpu.uuid] = (MigState.ERROR, str(exc))
             if changed:
-                fail = config.flags.fail_on_init_error
                 try:
+                    # failOnInitError is about starting: a GPU lost by now is reported in the
+                    # inventory as unhealthy rather than failing the whole node.
                     inventory = await asyncio.to_thread(
-                        discover, self._nvml, fail_on_init_error=fail
+                        discover, self._nvml, fail_on_init_error=False
                     )
                 except SharingPluginError as exc:  # keep the old view; say why
                     log.error("re-discovering GPUs after MIG changes: %s", exc)
