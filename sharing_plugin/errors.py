@@ -8,6 +8,7 @@
     │   └── GpuLostError     the GPU stopped answering (NVML_ERROR_GPU_IS_LOST)
     ├── AllocationError      a kubelet request the plan refuses (maps to INVALID_ARGUMENT)
     ├── KubeletError         registration or socket trouble with kubelet
+    ├── KubeApiError         the Kubernetes API refused or failed a request (node label watch)
     └── MetricsServerError   the metrics/health HTTP address cannot be listened on
 
 Library errors are translated at the adapter boundary (`raise ... from exc`); only the entry point
@@ -80,6 +81,14 @@ class AllocationError(SharingPluginError):
 
 class KubeletError(SharingPluginError):
     """Registration with kubelet failed, or its sockets are not usable."""
+
+
+class KubeApiError(SharingPluginError):
+    """A Kubernetes API request failed; `code` is the HTTP status when one was received."""
+
+    def __init__(self, message: str, *, code: int | None = None) -> None:
+        self.code = code
+        super().__init__(message)
 
 
 class MetricsServerError(SharingPluginError):
