@@ -15,6 +15,7 @@ from pathlib import Path
 from sharing_plugin.config import load_configs, schema_text, select
 from sharing_plugin.errors import ConfigError, PlanError, Problem, SharingPluginError
 from sharing_plugin.gpus.nvml import backend_from_spec, discover
+from sharing_plugin.mig.desired import mig_actions
 from sharing_plugin.plan import plan
 from sharing_plugin.plan.render import locate, plan_json, plan_table
 
@@ -114,9 +115,11 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     config = loaded.config
     try:
         inventory = discover(backend, fail_on_init_error=config.flags.fail_on_init_error)
+        # Nothing is held here: the command sees the node, not its pods.
+        mig = mig_actions(config, inventory)
         result = plan(config, inventory)
     except PlanError as exc:
-        for problem in exc.problems:
+        for problem in (*mig.problems, *exc.problems):
             print(_plan_problem_line(problem, args.config, name))
         return EXIT_INVALID
     except SharingPluginError as exc:
@@ -124,12 +127,18 @@ def _cmd_plan(args: argparse.Namespace) -> int:
         return EXIT_INVALID
     for warning in loaded.warnings:
         print(f"warning: {loaded.file}: {warning}", file=sys.stderr)
+    if mig.problems:
+        for problem in mig.problems:
+            print(_plan_problem_line(problem, args.config, name))
+        return EXIT_INVALID
     warnings = list(inventory.warnings)
     if args.format == "json":
-        document = plan_json(result, config_name=name, warnings=warnings)
+        layouts = [action.to_json() for action in mig.actions]
+        document = plan_json(result, config_name=name, mig=layouts, warnings=warnings)
         print(json.dumps(document, indent=2))
     else:
-        print(plan_table(result, config_name=name, warnings=warnings))
+        lines = [line for action in mig.actions for line in action.lines()]
+        print(plan_table(result, config_name=name, mig=lines, warnings=warnings))
     return EXIT_OK
 
 

@@ -12,8 +12,12 @@ from sharing_plugin.gpus.node import preset_names
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = sorted((ROOT / "config" / "examples").glob("*.yaml"))
-# (example, preset) pairs that must not fit: the example names GPUs the node lacks.
-MISFITS = {("per-gpu-replicas.yaml", "workstation")}
+# (example, preset) pairs that must not fit: the example names GPUs the node lacks, or MIG
+# layouts its GPUs cannot take (mig-partitioning.yaml is written for eight 80GB A100/H100).
+MISFITS = {("per-gpu-replicas.yaml", "workstation")} | {
+    ("mig-partitioning.yaml", preset)
+    for preset in ("a100-mig-mixed", "hgx-h200", "t4x4", "workstation")
+}
 
 
 @pytest.mark.parametrize("preset", preset_names())
