@@ -66,11 +66,8 @@ def socket_name(resource_name: str, *, max_length: int = 64) -> str:
     slug = _UNSAFE.sub("-", resource_name.lower()).strip("-.")
     fixed = len("sharing--.sock") + 8
     slug = slug[: max(0, max_length - fixed)].strip("-.")
-    return (
-        f"sharing-{slug}-{secrets.token_hex(4)}.sock"
-        if slug
-        else (f"sharing-{secrets.token_hex(4)}.sock")
-    )
+    parts = ["sharing", slug, secrets.token_hex(4)] if slug else ["sharing", secrets.token_hex(4)]
+    return "-".join(parts) + ".sock"
 
 
 class _Listener:

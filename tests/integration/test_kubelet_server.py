@@ -312,3 +312,65 @@ async def test_register_without_kubelet_says_what_to_check(
         assert server.socket_path is not None and server.socket_path.exists()
     finally:
         await server.stop()
+
+
+async def test_metrics_count_registrations_and_allocations(
+    kubelet_sim: KubeletSimulator, make_plan: MakePlan
+) -> None:
+    from sharing_plugin.observability.metrics import Metrics
+
+    metrics = Metrics()
+    the_plan, cfg, inventory = make_plan({})
+    resource = the_plan.resource(GPU)
+    assert resource is not None
+    server = ResourceServer(
+        kubelet_dir=kubelet_sim.kubelet_dir,
+        resource=resource,
+        context=AllocateContext(cfg.flags, inventory),
+        metrics=metrics,
+    )
+    await server.start()
+    try:
+        await server.register()
+        await kubelet_sim.wait_for(lambda: kubelet_sim.allocatable(GPU) == 8)
+        await kubelet_sim.admit_pod("p", containers={"c": {GPU: 1}})
+        server.update(resource.with_health(frozenset({inventory.gpus[0].uuid})))
+        text = metrics.render().decode()
+        assert (
+            'sharing_plugin_registrations_total{resource="nvidia.com/gpu",result="ok"} 1.0' in text
+        )
+        assert 'sharing_plugin_allocations_total{resource="nvidia.com/gpu",result="ok"} 1.0' in text
+        assert 'sharing_plugin_healthy_devices{resource="nvidia.com/gpu"} 7.0' in text
+        assert 'sharing_plugin_resource_registered{resource="nvidia.com/gpu"} 1.0' in text
+    finally:
+        await server.stop()
+    assert 'sharing_plugin_resource_registered{resource="nvidia.com/gpu"} 0.0' in (
+        metrics.render().decode()
+    )
+
+
+async def test_allocate_during_a_storm_of_updates_answers_from_one_plan(
+    kubelet_sim: KubeletSimulator, make_plan: MakePlan
+) -> None:
+    the_plan, cfg, inventory = make_plan({})
+    resource = the_plan.resource(GPU)
+    assert resource is not None
+    by_uuid = AllocateContext(cfg.flags, inventory)
+    index_plugin = cfg.flags.plugin.model_copy(update={"device_id_strategy": "index"})
+    by_index = AllocateContext(cfg.flags.model_copy(update={"plugin": index_plugin}), inventory)
+    device = resource.devices[3]
+    async with serving(kubelet_sim, resource, by_uuid) as server, stub_for(server) as stub:
+        request = dp.AllocateRequest(
+            container_requests=[dp.ContainerAllocateRequest(devices_ids=[device.id])] * 2
+        )
+        calls = [asyncio.ensure_future(stub.Allocate(request, timeout=5)) for _ in range(60)]
+        for i in range(60):
+            server.update(resource, by_index if i % 2 else by_uuid)
+            await asyncio.sleep(0)
+        answers = await asyncio.gather(*calls)
+    seen = set()
+    for answer in answers:
+        values = {r.envs["NVIDIA_VISIBLE_DEVICES"] for r in answer.container_responses}
+        assert len(values) == 1  # both containers answered from the same snapshot
+        seen |= values
+    assert seen <= {device.id, device.index}
