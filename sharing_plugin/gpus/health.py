@@ -150,10 +150,14 @@ class HealthTracker:
         )
 
     def on_lost(
-        self, uuid: str, now: float, *, detail: str = "NVML does not answer"
+        self, uuid: str | None, now: float, *, detail: str = "NVML does not answer"
     ) -> HealthChange | None:
-        """A device that stopped answering NVML (e.g. GPU_IS_LOST)."""
-        targets = (uuid,) if self._known(uuid) else tuple(g.uuid for g in self._inventory.gpus)
+        """A device that stopped answering NVML (e.g. GPU_IS_LOST); None: every GPU (NVML
+        itself failed, so no GPU's health can be known)."""
+        if uuid is not None and self._known(uuid):
+            targets: tuple[str, ...] = (uuid,)
+        else:
+            targets = tuple(g.uuid for g in self._inventory.gpus)
         return self._fail(targets, now, Cause.LOST, None, detail)
 
     def on_check(self, uuid: str, answered: bool, now: float) -> HealthChange | None:
