@@ -77,12 +77,12 @@ class MigReconciler:
         """Bring every selected GPU to its declared layout, as far as pods and NVML allow.
 
         `held_by` maps the device IDs pods hold (MIG/GPU UUIDs or replica IDs ``<uuid>::<n>``)
-        to (namespace, pod, container), from PodResources; None when that is unknown, which
-        counts as nothing held: the driver still refuses to destroy an instance in use.
+        to (namespace, pod, container), from PodResources; None when that is unknown: then
+        only instances are created, and what needs a destroy or a MIG mode change is pending.
         """
         if config.partitioning is None or not config.partitioning.mig:
             return MigOutcome(inventory=inventory)
-        held = dict(held_by or {})
+        held = dict(held_by) if held_by is not None else None
         async with self._lock:
             planned = mig_actions(config, inventory, held)
             failures: dict[str, tuple[MigState, str | None]] = {}

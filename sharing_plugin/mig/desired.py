@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
+from types import MappingProxyType
 from typing import Any, Literal
 
 from sharing_plugin.config.model import Config
@@ -23,6 +24,7 @@ from sharing_plugin.mig.select import SelectedLayout, entry_path, select_layouts
 from sharing_plugin.mig.solver import plan_mig
 
 __all__ = [
+    "NOTHING_HELD",
     "RESET_NEEDED",
     "GpuMigAction",
     "Holder",
@@ -35,6 +37,7 @@ Holder = tuple[str, str, str]
 """(namespace, pod, container) holding a device, as PodResources reports it."""
 
 RESET_NEEDED = "MIG mode change needs a GPU reset"
+NOTHING_HELD: Mapping[str, tuple[str, str, str]] = MappingProxyType({})
 ModeChange = Literal["enable", "disable"]
 
 
@@ -216,17 +219,34 @@ def _action(selected: SelectedLayout, held: Mapping[str, Holder]) -> GpuMigActio
     return with_(plan=plan, mode=None if gpu.mig_pending else "enable")
 
 
+def _unknown_holders(action: GpuMigAction, *, known: bool) -> GpuMigAction:
+    """Without knowing which pods hold what, only creating instances is safe."""
+    if known or not action.changes:
+        return action
+    if action.mode is None and (action.plan is None or not action.plan.destroy):
+        return action
+    return replace(
+        action,
+        pending="which devices pods hold is unknown (kubelet's PodResources API did not "
+        "answer), so no instance is destroyed and MIG mode is not changed until it does",
+    )
+
+
 def mig_actions(
-    config: Config, inventory: Inventory, held: Mapping[str, Holder] | None = None
+    config: Config, inventory: Inventory, held: Mapping[str, Holder] | None = NOTHING_HELD
 ) -> MigActions:
     """Per GPU a `partitioning.mig` entry selects: what to do; empty without `partitioning`.
 
     `held` maps device IDs that pods hold (MIG or GPU UUIDs, or replica IDs ``<uuid>::<n>``)
-    to the pod holding them. Impossible layouts come back both as the GPU's `error` and as a
-    `Problem` at the entry's `profiles`, so `plan` can print them like `validate` does.
+    to the pod holding them; None when that is unknown (PodResources unreachable), and then
+    nothing is destroyed and no MIG mode changes: only creations go ahead. Impossible layouts
+    come back both as the GPU's `error` and as a `Problem` at the entry's `profiles`, so `plan`
+    can print them like `validate` does.
     """
     selected, problems = select_layouts(config.partitioning, inventory)
-    actions = tuple(_action(s, held or {}) for s in selected)
+    actions = tuple(
+        _unknown_holders(_action(s, held or {}), known=held is not None) for s in selected
+    )
     for action in actions:
         if action.error is not None:
             where = "profiles" if action.enabled else "enabled"

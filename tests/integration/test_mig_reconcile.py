@@ -43,7 +43,7 @@ async def test_declared_layout_is_created_and_advertised() -> None:
         {"devices": [3], "profiles": {"3g.40gb": 1, "2g.20gb": 2}},
         {"devices": [5], "profiles": {"2g.10gb": 3}},  # MIG off until now
     )
-    outcome = await MigReconciler(sim, metrics=metrics).reconcile(config, before, None)
+    outcome = await MigReconciler(sim, metrics=metrics).reconcile(config, before, {})
 
     assert outcome.changed and outcome.problems == ()
     assert outcome.states == {
@@ -114,7 +114,7 @@ async def test_impossible_layout_is_an_error_and_touches_nothing() -> None:
     sim = SimulatedNvml.from_preset("a100-mig-mixed")
     inventory = discover(sim)
     config = _config({"devices": [4], "profiles": {"4g.20gb": 1, "2g.10gb": 2}})
-    outcome = await MigReconciler(sim).reconcile(config, inventory, None)
+    outcome = await MigReconciler(sim).reconcile(config, inventory, {})
     state, reason = outcome.states[inventory.gpus[4].uuid]
     assert state is MigState.ERROR
     assert "does not allow: 4g.20gb may start only at 0; 2g.10gb may start only at 0, 2 or 4" in (
@@ -128,7 +128,7 @@ async def test_without_partitioning_mig_is_never_touched() -> None:
     sim = SimulatedNvml.from_preset("a100-mig-mixed")
     inventory = discover(sim)
     config = Config.model_validate({"flags": {"migStrategy": "mixed"}})
-    outcome = await MigReconciler(sim).reconcile(config, inventory, None)
+    outcome = await MigReconciler(sim).reconcile(config, inventory, {})
     assert (outcome.states, outcome.changed, _calls(sim)) == ({}, False, [])
     assert outcome.inventory is inventory
 
@@ -137,7 +137,7 @@ async def test_turning_mig_off_destroys_then_disables() -> None:
     sim = SimulatedNvml.from_preset("a100-mig-mixed")
     inventory = discover(sim)
     outcome = await MigReconciler(sim).reconcile(
-        _config({"devices": [4], "enabled": False}), inventory, None
+        _config({"devices": [4], "enabled": False}), inventory, {}
     )
     calls = _calls(sim)
     assert [c[0] for c in calls if c[0] != "destroy_compute_instance"] == [
@@ -158,7 +158,7 @@ async def test_h200_partitioned_and_time_sliced_on_top() -> None:
         {"devices": [0, 1], "profiles": {"3g.71gb": 1, "1g.18gb": 2}},
         sharing={"timeSlicing": {"resources": [{"name": "nvidia.com/mig-1g.18gb", "replicas": 4}]}},
     )
-    outcome = await MigReconciler(sim).reconcile(config, inventory, None)
+    outcome = await MigReconciler(sim).reconcile(config, inventory, {})
     assert set(outcome.states.values()) == {(MigState.APPLIED, None)}
     assert sum(1 for c in _calls(sim) if c[0] == "set_mig_mode") == 2
     resources = {r.name: r for r in plan(config, outcome.inventory).resources}
@@ -175,16 +175,16 @@ async def test_mode_change_needing_a_reset_is_pending_until_the_reset() -> None:
     reconciler = MigReconciler(sim)
     uuid = inventory.gpus[0].uuid
 
-    first = await reconciler.reconcile(config, inventory, None)
+    first = await reconciler.reconcile(config, inventory, {})
     state, reason = first.states[uuid]
     assert state is MigState.PENDING and (reason or "").startswith(RESET_NEEDED)
     assert _calls(sim) == [("set_mig_mode", 0, None, None, "SUCCESS")]
 
-    waiting = await reconciler.reconcile(config, first.inventory, None)
+    waiting = await reconciler.reconcile(config, first.inventory, {})
     assert waiting.states[uuid][0] is MigState.PENDING and _calls(sim) == []  # nothing forced
 
     sim.reset_gpu(0)  # the admin resets the GPU
-    done = await reconciler.reconcile(config, discover(sim), None)
+    done = await reconciler.reconcile(config, discover(sim), {})
     assert done.states[uuid] == (MigState.APPLIED, None)
     assert [m.profile for m in done.inventory.gpus[0].mig_devices] == ["7g.141gb"]
 
@@ -196,7 +196,21 @@ async def test_nvml_failure_is_the_gpus_error_state() -> None:
         {"devices": [3], "profiles": {"7g.80gb": 1}}, {"devices": [2], "profiles": {"3g.40gb": 2}}
     )
     sim.set_lost(3)
-    outcome = await MigReconciler(sim).reconcile(config, inventory, None)
+    outcome = await MigReconciler(sim).reconcile(config, inventory, {})
     state, reason = outcome.states[inventory.gpus[3].uuid]
     assert state is MigState.ERROR and "NVML_ERROR_GPU_IS_LOST" in (reason or "")
     assert outcome.states[inventory.gpus[2].uuid] == (MigState.APPLIED, None)  # others go on
+
+
+async def test_unknown_holders_allow_creating_but_not_destroying() -> None:
+    sim = SimulatedNvml.from_preset("a100-mig-mixed")
+    inventory = discover(sim)
+    config = _config(
+        {"devices": [3], "profiles": {"7g.80gb": 1}},  # empty GPU: only a creation
+        {"devices": [0], "profiles": {"7g.80gb": 1}},  # needs three destroys first
+    )
+    outcome = await MigReconciler(sim).reconcile(config, inventory, None)
+    assert outcome.states[inventory.gpus[3].uuid] == (MigState.APPLIED, None)
+    state, reason = outcome.states[inventory.gpus[0].uuid]
+    assert state is MigState.PENDING and "PodResources API did not answer" in (reason or "")
+    assert {c[1] for c in _calls(sim)} == {3}
