@@ -13,6 +13,7 @@ import datetime
 import json
 import os
 import shutil
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,6 +35,7 @@ class ConfigMapVolume:
         self.root.mkdir(parents=True, exist_ok=True)
         self._serial = 0
         self._current: str | None = None
+        self.swapped_at = 0.0  # time.perf_counter() of the last atomic `..data` rename
         self.update(data)
 
     def _stamp(self) -> str:
@@ -49,6 +51,7 @@ class ConfigMapVolume:
             (new_dir / key).write_text(text)
         tmp = self.root / "..data_tmp"
         os.symlink(stamp, tmp)
+        self.swapped_at = time.perf_counter()
         os.rename(tmp, self.root / "..data")
         for key in data:
             link = self.root / key
@@ -151,6 +154,8 @@ class FakeKubeApi:
         assert self._server is not None
         self.close_watches()
         self._server.close()
+        if self._handlers:
+            await asyncio.wait(list(self._handlers), timeout=1.0)
         for task in list(self._handlers):
             task.cancel()
         await asyncio.gather(*self._handlers, return_exceptions=True)
@@ -163,6 +168,10 @@ class FakeKubeApi:
         try:
             await self._serve(reader, writer)
         except (ConnectionError, asyncio.IncompleteReadError):
+            pass
+        except asyncio.CancelledError:
+            # Ending quietly: asyncio's server callback (3.11) calls exception() on this task
+            # and would log a cancelled one as an error.
             pass
         finally:
             self._handlers.discard(task)

@@ -1,0 +1,169 @@
+"""Benchmark: reload latency of the config sources (the part before planning and kubelet).
+
+1. ConfigMap swap: a directory laid out as kubelet's AtomicWriter does it; each round writes a
+   new timestamped directory and renames `..data_tmp` over `..data`. Measured from just before
+   that rename to `ConfigSource.updates()` yielding the new config (validated, selected).
+2. Node label: a label change on the fake Node API server (real HTTP over TCP, same process)
+   -> `NodeLabelWatcher` reports it -> `ConfigSource.trigger` -> the update with the newly
+   selected config is yielded. Measured from the server-side change to the yield.
+
+Also prints the idle CPU of a ConfigSource that watches a directory with nothing changing
+(watchfiles' Rust thread wakes every `step` ms to check for changes and the stop event).
+
+Run from the repository root: `.venv/bin/python bench/bench_reload.py` (`--quick` for a short
+run, `--step-ms N` to try another watchfiles step). Goals for the whole reload (this leg plus
+planning and the kubelet-visible leg): p50 <= 150 ms, p99 <= 400 ms.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import random
+import resource
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "integration"))
+
+from k8s_fake import ConfigMapVolume, FakeKubeApi
+
+from sharing_plugin.config.nodelabel import DEFAULT_LABEL, KubeClient, NodeLabelWatcher
+from sharing_plugin.config.source import ConfigSource, ConfigUpdate
+
+NODE = "bench-node"
+TEXT = (
+    "version: v1\n"
+    "sharing:\n"
+    "  timeSlicing:\n"
+    "    resources:\n"
+    "    - name: nvidia.com/gpu\n"
+    "      replicas: {}\n"
+)
+
+
+def replicas(update: ConfigUpdate) -> int | None:
+    if update.loaded is None or update.loaded.config.sharing.time_slicing is None:
+        return None
+    return update.loaded.config.sharing.time_slicing.resources[0].replicas
+
+
+def quantiles(samples: list[float]) -> str:
+    ordered = sorted(samples)
+    p50 = statistics.median(ordered)
+    p99 = ordered[min(len(ordered) - 1, round(0.99 * (len(ordered) - 1)))]
+    return (
+        f"n={len(ordered)} p50={p50 * 1000:.1f} ms p99={p99 * 1000:.1f} ms "
+        f"max={ordered[-1] * 1000:.1f} ms"
+    )
+
+
+async def bench_swap(root: Path, rounds: int, step_ms: int) -> list[float]:
+    volume = ConfigMapVolume(root, {"default": TEXT.format(1), "other": TEXT.format(99)})
+    source = ConfigSource(root, step_ms=step_ms)
+    source.read()
+    queue: asyncio.Queue[tuple[float, ConfigUpdate]] = asyncio.Queue()
+
+    async def consume() -> None:
+        async for update in source.updates():
+            queue.put_nowait((time.perf_counter(), update))
+
+    consumer = asyncio.create_task(consume(), name="bench-consumer")
+    await asyncio.sleep(0.2)  # watch in place
+    samples = []
+    try:
+        for n in range(2, rounds + 2):
+            volume.update({"default": TEXT.format(n), "other": TEXT.format(99)})
+            while True:
+                at, update = await asyncio.wait_for(queue.get(), 5)
+                if replicas(update) == n:
+                    break
+            samples.append(at - volume.swapped_at)
+            await asyncio.sleep(random.uniform(0.02, 0.06))  # independent swaps
+    finally:
+        source.stop()
+        await consumer
+    return samples
+
+
+async def bench_label(root: Path, rounds: int, step_ms: int) -> list[float]:
+    ConfigMapVolume(root, {"default": TEXT.format(1), "a": TEXT.format(2), "b": TEXT.format(3)})
+    async with FakeKubeApi(NODE) as api:
+        watcher = NodeLabelWatcher(NODE, client=KubeClient(api.url))
+        source = ConfigSource(root, label_value=lambda: watcher.value, step_ms=step_ms)
+        source.read()
+        queue: asyncio.Queue[tuple[float, ConfigUpdate]] = asyncio.Queue()
+
+        async def consume() -> None:
+            async for update in source.updates():
+                queue.put_nowait((time.perf_counter(), update))
+
+        consumer = asyncio.create_task(consume(), name="bench-consumer")
+        label_task = asyncio.create_task(
+            watcher.run(lambda _: source.trigger("label changed")), name="bench-label"
+        )
+        await asyncio.wait_for(api.watch_started.wait(), 5)
+        samples = []
+        try:
+            for n in range(rounds):
+                name = "ab"[n % 2]
+                started = time.perf_counter()
+                api.set_label(DEFAULT_LABEL, name)
+                while True:
+                    at, update = await asyncio.wait_for(queue.get(), 5)
+                    if update.name == name:
+                        break
+                samples.append(at - started)
+                await asyncio.sleep(random.uniform(0.02, 0.06))
+        finally:
+            label_task.cancel()
+            await asyncio.gather(label_task, return_exceptions=True)
+            source.stop()
+            await consumer
+    return samples
+
+
+async def idle_cpu(root: Path, seconds: float, step_ms: int) -> float:
+    ConfigMapVolume(root, {"default": TEXT.format(1)})
+    source = ConfigSource(root, step_ms=step_ms)
+    source.read()
+
+    async def consume() -> None:
+        async for _ in source.updates():
+            pass
+
+    consumer = asyncio.create_task(consume(), name="bench-idle")
+    await asyncio.sleep(0.3)
+    before = resource.getrusage(resource.RUSAGE_SELF)
+    started = time.perf_counter()
+    await asyncio.sleep(seconds)
+    after = resource.getrusage(resource.RUSAGE_SELF)
+    elapsed = time.perf_counter() - started
+    source.stop()
+    await consumer
+    used = (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
+    return 100 * used / elapsed
+
+
+async def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="20 rounds each, 1 s idle")
+    parser.add_argument("--rounds", type=int, default=100)
+    parser.add_argument("--step-ms", type=int, default=5)
+    args = parser.parse_args()
+    rounds = 20 if args.quick else args.rounds
+    with tempfile.TemporaryDirectory(prefix="bench-reload-") as tmp:
+        base = Path(tmp)
+        swap = await bench_swap(base / "swap", rounds, args.step_ms)
+        print(f"configmap ..data swap -> update yielded: {quantiles(swap)}")
+        label = await bench_label(base / "label", rounds, args.step_ms)
+        print(f"node label change -> update yielded:     {quantiles(label)}")
+        cpu = await idle_cpu(base / "idle", 1.0 if args.quick else 5.0, args.step_ms)
+        print(f"idle CPU of a watching ConfigSource (step {args.step_ms} ms): {cpu:.2f}% of a core")
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
