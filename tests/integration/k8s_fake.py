@@ -13,6 +13,7 @@ import datetime
 import json
 import os
 import shutil
+import ssl as ssl_module
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -87,8 +88,14 @@ class FakeKubeApi:
     """
 
     def __init__(
-        self, node_name: str, labels: Mapping[str, str] | None = None, *, token: str | None = None
+        self,
+        node_name: str,
+        labels: Mapping[str, str] | None = None,
+        *,
+        token: str | None = None,
+        ssl: ssl_module.SSLContext | None = None,
     ) -> None:
+        self._ssl = ssl
         self.node_name = node_name
         self.labels = dict(labels or {})
         self.token = token
@@ -106,7 +113,8 @@ class FakeKubeApi:
     def url(self) -> str:
         assert self._server is not None
         host, port = self._server.sockets[0].getsockname()[:2]
-        return f"http://{host}:{port}"
+        scheme = "https" if self._ssl is not None else "http"
+        return f"{scheme}://{host}:{port}"
 
     @property
     def open_watches(self) -> int:
@@ -147,7 +155,7 @@ class FakeKubeApi:
         self._oldest = self._rv
 
     async def __aenter__(self) -> FakeKubeApi:
-        self._server = await asyncio.start_server(self._accept, "127.0.0.1", 0)
+        self._server = await asyncio.start_server(self._accept, "127.0.0.1", 0, ssl=self._ssl)
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -167,7 +175,7 @@ class FakeKubeApi:
         self._handlers.add(task)
         try:
             await self._serve(reader, writer)
-        except (ConnectionError, asyncio.IncompleteReadError):
+        except (ConnectionError, asyncio.IncompleteReadError, ssl_module.SSLError):
             pass
         except asyncio.CancelledError:
             # Ending quietly: asyncio's server callback (3.11) calls exception() on this task

@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
+import shutil
+import ssl
+import subprocess
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -193,3 +197,44 @@ def test_kubeconfig_exec_plugin_is_refused(tmp_path: Path) -> None:
     )
     with pytest.raises(KubeApiError, match="exec/auth-provider plugin"):
         KubeClient.from_kubeconfig(kubeconfig)
+
+
+def _make_tls(tmp: Path) -> tuple[Path, Path, Path]:
+    """A CA and a server certificate for 127.0.0.1, made with the openssl command."""
+    ca_key, ca, key, csr, cert = (tmp / n for n in ("ca.key", "ca.crt", "s.key", "s.csr", "s.crt"))
+    ext = tmp / "ext.cnf"
+    ext.write_text("subjectAltName=IP:127.0.0.1\n")
+    run = ["openssl"]
+    for args in (
+        ["req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", ca_key, "-out", ca,
+         "-days", "1", "-subj", "/CN=fake-ca"],
+        ["req", "-newkey", "rsa:2048", "-nodes", "-keyout", key, "-out", csr,
+         "-subj", "/CN=127.0.0.1"],
+        ["x509", "-req", "-in", csr, "-CA", ca, "-CAkey", ca_key, "-CAcreateserial",
+         "-out", cert, "-days", "1", "-extfile", ext],
+    ):  # fmt: skip
+        subprocess.run([*run, *map(str, args)], check=True, capture_output=True)
+    return ca, cert, key
+
+
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command")
+async def test_kubeconfig_https_with_ca_data(tmp_path: Path) -> None:
+    ca, cert, key = _make_tls(tmp_path)
+    server_ssl = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    server_ssl.load_cert_chain(cert, key)
+    async with FakeKubeApi(NODE, {DEFAULT_LABEL: "tls"}, token="t", ssl=server_ssl) as api:
+        assert api.url.startswith("https://127.0.0.1:")
+        ca_data = base64.b64encode(ca.read_bytes()).decode()
+        kubeconfig = tmp_path / "kubeconfig"
+        kubeconfig.write_text(
+            "current-context: c\n"
+            f"clusters:\n- name: k\n  cluster:\n    server: {api.url}\n"
+            f"    certificate-authority-data: {ca_data}\n"
+            "users:\n- name: u\n  user:\n    token: t\n"
+            "contexts:\n- name: c\n  context:\n    cluster: k\n    user: u\n"
+        )
+        watcher = NodeLabelWatcher(NODE, client=KubeClient.from_kubeconfig(kubeconfig))
+        assert await watcher.fetch() == "tls"
+        # Without the CA the server is not trusted.
+        with pytest.raises(ssl.SSLError):
+            await KubeClient(api.url, token="t").get_node(NODE)
