@@ -24,7 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -119,7 +119,7 @@ class ConfigSource:
         self._stop.set()
         self._wake.set()
 
-    async def updates(self) -> AsyncIterator[ConfigUpdate]:
+    async def updates(self) -> AsyncGenerator[ConfigUpdate, None]:
         """Every new outcome, until `stop()`; see the module doc for what counts as new.
 
         Once the watch is in place the path is read again, and that outcome is yielded if it

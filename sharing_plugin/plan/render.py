@@ -7,11 +7,9 @@ resource's physical devices with their replica counts, which is what an admin ch
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from typing import Any
 
-from sharing_plugin.config.yamldoc import YamlProblem, read
 from sharing_plugin.plan.model import Plan, ResourcePlan
 
 
@@ -116,31 +114,3 @@ def plan_table(
     if all_warnings:
         out += ["", "warnings:", *(f"  - {w}" for w in all_warnings)]
     return "\n".join(out)
-
-
-_PATH_TOKEN = re.compile(r"([^.\[\]]+)|\[(\d+)\]")
-
-
-def _path_tuple(path: str) -> tuple[str | int, ...]:
-    return tuple(
-        int(index) if index else key for key, index in _PATH_TOKEN.findall(path) if key or index
-    )
-
-
-def locate(path: str, text: str) -> tuple[int, int] | None:
-    """1-based line and column of the config entry at dotted `path` in YAML `text`.
-
-    Falls back to the closest written ancestor (a default value has no line of its own);
-    None when the text does not parse or nothing on the path is written.
-    """
-    try:
-        doc = read(text)
-    except YamlProblem:
-        return None
-    parts = _path_tuple(path)
-    while parts:
-        mark = doc.keys.get(parts) or doc.values.get(parts)
-        if mark is not None:
-            return mark.line + 1, mark.column + 1
-        parts = parts[:-1]
-    return None

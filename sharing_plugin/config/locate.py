@@ -1,0 +1,63 @@
+"""Where in the file an admin edits a problem found after validation (by the plan) lives.
+
+Validation errors carry their YAML marks already; a problem the plan finds (a device the node
+lacks, a MIG layout that cannot fit) only knows its dotted config path. These functions find
+that path's line again in the file, so `plan` and the daemon's reload errors read like
+`validate`'s: `FILE:LINE:COL: path: message`.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from sharing_plugin.config.yamldoc import YamlProblem, read
+from sharing_plugin.errors import Problem
+
+_PATH_TOKEN = re.compile(r"([^.\[\]]+)|\[(\d+)\]")
+
+
+def _path_tuple(path: str) -> tuple[str | int, ...]:
+    return tuple(
+        int(index) if index else key for key, index in _PATH_TOKEN.findall(path) if key or index
+    )
+
+
+def locate(path: str, text: str) -> tuple[int, int] | None:
+    """1-based line and column of the config entry at dotted `path` in YAML `text`.
+
+    Falls back to the closest written ancestor (a default value has no line of its own);
+    None when the text does not parse or nothing on the path is written.
+    """
+    try:
+        doc = read(text)
+    except YamlProblem:
+        return None
+    parts = _path_tuple(path)
+    while parts:
+        mark = doc.keys.get(parts) or doc.values.get(parts)
+        if mark is not None:
+            return mark.line + 1, mark.column + 1
+        parts = parts[:-1]
+    return None
+
+
+def problem_line(problem: Problem, *, file: str, config_name: str | None) -> str:
+    """A plan problem as `validate` prints config problems: at the entry it is about."""
+    if problem.file is not None:
+        return str(problem)
+    path = Path(file)
+    manifest = path.is_file() and config_name is not None
+    if path.is_dir() and config_name is not None:
+        path = path / config_name
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        text = ""
+    # Inside a ConfigMap manifest, point at the config's key and name it, as validate does.
+    prefix = f"data.{config_name}: " if manifest else ""
+    target = f"data.{config_name}" if manifest else problem.path
+    where = locate(target, text) if target else None
+    at = f"{path}:{where[0]}:{where[1]}: " if where else f"{path}: "
+    inner = f"{problem.path}: " if problem.path else ""
+    return f"{at}{prefix}{inner}{problem.message}"
