@@ -7,17 +7,27 @@ calls `sys.exit`; errors travel up as exceptions from `sharing_plugin.errors`.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
+import logging
+import os
+import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
 from sharing_plugin.config import load_configs, schema_text, select
-from sharing_plugin.errors import ConfigError, PlanError, Problem, SharingPluginError
+from sharing_plugin.config.locate import problem_line
+from sharing_plugin.daemon.app import DEFAULT_CONFIG_LABEL, Daemon, RunOptions
+from sharing_plugin.daemon.demo import run_demo
+from sharing_plugin.daemon.health import HealthEnv
+from sharing_plugin.daemon.logs import configure as configure_logging
+from sharing_plugin.errors import ConfigError, PlanError, SharingPluginError
 from sharing_plugin.gpus.nvml import backend_from_spec, discover
 from sharing_plugin.mig.desired import mig_actions
+from sharing_plugin.observability.http_server import parse_metrics_address
 from sharing_plugin.plan import plan
-from sharing_plugin.plan.render import locate, plan_json, plan_table
+from sharing_plugin.plan.render import plan_json, plan_table
 
 EXIT_OK = 0
 EXIT_INVALID = 1
@@ -45,7 +55,32 @@ def _parser() -> argparse.ArgumentParser:
         "--gpus", required=True, metavar="SPEC", help="nvml, simulated:PRESET or simulated:PATH"
     )
     plan.add_argument("--format", choices=("table", "json"), default="table")
+
+    run = sub.add_parser("run", help="run the device plugin (the DaemonSet's command)")
+    for flag, env, default, text in _RUN_FLAGS:
+        run.add_argument(
+            flag,
+            default=os.environ.get(env, default),
+            metavar=flag.removeprefix("--").upper().replace("-", "_"),
+            help=f"{text} (env {env}{'' if default is None else f'; default {default}'})",
+        )
+
+    demo = sub.add_parser("demo", help="the plugin on a simulated node with a simulated kubelet")
+    demo.add_argument("--once", action="store_true", help="print, admit one pod, and exit")
     return parser
+
+
+# flag, env var, default, help: every `run` flag also reads an env var (DESIGN §3).
+_RUN_FLAGS: tuple[tuple[str, str, str | None, str], ...] = (
+    ("--config", "CONFIG_FILE", None, "config file, or a mounted ConfigMap directory"),
+    ("--config-name", "CONFIG_NAME", None, "named config to use when the node has no label"),
+    ("--gpus", "GPUS", "nvml", "nvml, simulated:PRESET or simulated:PATH"),
+    ("--kubelet-dir", "KUBELET_DIR", "/var/lib/kubelet", "kubelet's state directory"),
+    ("--node-name", "NODE_NAME", None, "this node, to follow its config label"),
+    ("--metrics-address", "METRICS_ADDRESS", "0.0.0.0:9400", "HOST:PORT for metrics, or off"),
+    ("--log-format", "LOG_FORMAT", "text", "text or json"),
+    ("--config-label", "CONFIG_LABEL", DEFAULT_CONFIG_LABEL, "node label naming the config"),
+)
 
 
 def _cmd_validate(args: argparse.Namespace) -> int:
@@ -77,27 +112,6 @@ def _cmd_schema(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _plan_problem_line(problem: Problem, file: str, config_name: str | None) -> str:
-    """A plan problem as `validate` prints config problems: at the entry it is about."""
-    if problem.file is not None:
-        return str(problem)
-    path = Path(file)
-    manifest = path.is_file() and config_name is not None
-    if path.is_dir() and config_name is not None:
-        path = path / config_name
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError):
-        text = ""
-    # Inside a ConfigMap manifest, point at the config's key and name it, as validate does.
-    prefix = f"data.{config_name}: " if manifest else ""
-    target = f"data.{config_name}" if manifest else problem.path
-    where = locate(target, text) if target else None
-    at = f"{path}:{where[0]}:{where[1]}: " if where else f"{path}: "
-    inner = f"{problem.path}: " if problem.path else ""
-    return f"{at}{prefix}{inner}{problem.message}"
-
-
 def _cmd_plan(args: argparse.Namespace) -> int:
     try:
         configs = load_configs(Path(args.config))
@@ -120,7 +134,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
         result = plan(config, inventory)
     except PlanError as exc:
         for problem in (*mig.problems, *exc.problems):
-            print(_plan_problem_line(problem, args.config, name))
+            print(problem_line(problem, file=args.config, config_name=name))
         return EXIT_INVALID
     except SharingPluginError as exc:
         print(f"sharing-plugin plan: {args.gpus}: {exc}", file=sys.stderr)
@@ -129,7 +143,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
         print(f"warning: {loaded.file}: {warning}", file=sys.stderr)
     if mig.problems:
         for problem in mig.problems:
-            print(_plan_problem_line(problem, args.config, name))
+            print(problem_line(problem, file=args.config, config_name=name))
         return EXIT_INVALID
     warnings = list(inventory.warnings)
     if args.format == "json":
@@ -142,10 +156,78 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _run_options(args: argparse.Namespace) -> RunOptions:
+    if args.log_format not in ("text", "json"):
+        raise ValueError(f"--log-format must be text or json (got {args.log_format!r})")
+    return RunOptions(
+        config_path=Path(args.config) if args.config else None,
+        config_name=args.config_name or None,
+        gpus=args.gpus,
+        kubelet_dir=Path(args.kubelet_dir),
+        node_name=args.node_name or None,
+        metrics_address=parse_metrics_address(args.metrics_address),
+        config_label=args.config_label,
+        health_env=HealthEnv.from_environ(os.environ),
+    )
+
+
+async def _serve(options: RunOptions) -> None:
+    loop = asyncio.get_running_loop()
+    async with Daemon(options) as daemon:
+        loop.add_signal_handler(signal.SIGTERM, daemon.request_stop)
+        loop.add_signal_handler(signal.SIGINT, daemon.request_stop)
+        loop.add_signal_handler(signal.SIGHUP, daemon.request_reload)
+        try:
+            await daemon.wait_stopped()
+            logging.getLogger(__name__).info("stopping")
+        finally:
+            for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+                loop.remove_signal_handler(sig)
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    try:
+        options = _run_options(args)
+    except ValueError as exc:
+        print(f"sharing-plugin run: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    configure_logging(args.log_format)
+    try:
+        asyncio.run(_serve(options))
+    except SharingPluginError as exc:
+        logging.getLogger(__name__).error("cannot run: %s", exc)
+        return EXIT_INVALID
+    return EXIT_OK
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    configure_logging("text", level=logging.WARNING)
+    # The simulated kubelet warns, as kubelet does, when our stream ends at shutdown: expected.
+    logging.getLogger("sharing_plugin.kubelet.sim_endpoint").setLevel(logging.ERROR)
+    # The demo prints rejected configs itself.
+    logging.getLogger("sharing_plugin.daemon.app").setLevel(logging.CRITICAL)
+
+    async def demo() -> int:
+        loop = asyncio.get_running_loop()
+        task = asyncio.current_task()
+        assert task is not None
+        loop.add_signal_handler(signal.SIGINT, task.cancel)
+        loop.add_signal_handler(signal.SIGTERM, task.cancel)
+        return await run_demo(once=args.once, say=lambda line: print(line, flush=True))
+
+    try:
+        return asyncio.run(demo())
+    except asyncio.CancelledError:
+        print("stopped.")
+        return EXIT_OK
+
+
 _COMMANDS = {
     "validate": _cmd_validate,
     "schema": _cmd_schema,
     "plan": _cmd_plan,
+    "run": _cmd_run,
+    "demo": _cmd_demo,
 }
 
 

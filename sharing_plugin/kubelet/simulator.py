@@ -107,6 +107,9 @@ class KubeletSimulator:
         # Kubelet-style log lines of what happened (registrations, refusals, stream ends).
         self.events: list[str] = []
         self._resources: dict[str, ResourceDevices] = {}
+        # ListAndWatch messages received per resource, over every stream (tests assert that an
+        # unchanged resource gets none on reload).
+        self._messages: dict[str, int] = {}
         self._grace_timers: dict[str, asyncio.TimerHandle] = {}
         self._waiters: set[asyncio.Future[None]] = set()
         self._servers: list[grpc.aio.Server] = []
@@ -256,6 +259,7 @@ class KubeletSimulator:
     def _on_list(self, endpoint: PluginEndpoint, devices: list[dp.Device]) -> None:
         state = self._resources[endpoint.resource]
         if state.endpoint is endpoint:
+            self._messages[endpoint.resource] = self._messages.get(endpoint.resource, 0) + 1
             state.replace(devices)
             self._write_checkpoint()
             self._notify()
@@ -294,6 +298,10 @@ class KubeletSimulator:
     def resources(self) -> list[str]:
         """Every resource name kubelet has heard of, in registration order."""
         return list(self._resources)
+
+    def messages(self, resource: str) -> int:
+        """How many ListAndWatch messages kubelet has received for `resource` so far."""
+        return self._messages.get(resource, 0)
 
     def capacity(self, resource: str) -> int:
         state = self._resources.get(resource)

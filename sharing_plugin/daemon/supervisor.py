@@ -1,0 +1,225 @@
+"""The supervisor: one resource server per advertised resource, kept in step with the plan.
+
+`apply(plan)` asks PodResources which devices pods hold, keeps held devices that the new plan
+drops as draining (Unhealthy), diffs against what kubelet currently sees, and carries the diff
+out: start and register new resources, push changed device lists on the live ListAndWatch
+streams, stop removed ones. Unchanged resources are not touched at all. While anything drains,
+PodResources is asked again every `drain_recheck_s` seconds so that a released device disappears;
+with nothing draining there is no periodic work.
+
+Every operation runs under one lock: a reload, a health change and a kubelet restart never
+interleave halfway.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Mapping
+from pathlib import Path
+
+from sharing_plugin.daemon.tasks import TaskOwner
+from sharing_plugin.errors import KubeletError
+from sharing_plugin.kubelet.podresources import PodResourcesClient
+from sharing_plugin.kubelet.server import AllocateContext, ResourceServer
+from sharing_plugin.observability.metrics import Metrics
+from sharing_plugin.observability.status import StatusBoard
+from sharing_plugin.plan.diff import PlanDiff, diff, draining_ids, with_draining
+from sharing_plugin.plan.model import Plan
+
+log = logging.getLogger(__name__)
+
+_REGISTER_BACKOFF_S = (0.2, 10.0)
+
+
+class Supervisor:
+    """Owns the resource servers and turns successive plans into kubelet-visible state."""
+
+    def __init__(
+        self,
+        *,
+        kubelet_dir: Path,
+        metrics: Metrics,
+        status: StatusBoard,
+        pod_resources: PodResourcesClient | None,
+        drain_recheck_s: float = 2.0,
+    ) -> None:
+        self._kubelet_dir = kubelet_dir
+        self._metrics = metrics
+        self._status = status
+        self._pod_resources = pod_resources
+        self._drain_recheck_s = drain_recheck_s
+        self._servers: dict[str, ResourceServer] = {}
+        self._advertised: Plan | None = None
+        self._requested: tuple[Plan, AllocateContext] | None = None
+        self._lock = asyncio.Lock()
+        self._tasks = TaskOwner("supervisor")
+        self._retries: dict[str, asyncio.Task[None]] = {}
+        self._drain_task: asyncio.Task[None] | None = None
+
+    @property
+    def advertised(self) -> Plan | None:
+        """What kubelet is being told now, draining devices included."""
+        return self._advertised
+
+    @property
+    def servers(self) -> Mapping[str, ResourceServer]:
+        return dict(self._servers)
+
+    def own_sockets(self) -> list[Path]:
+        return [s.socket_path for s in self._servers.values() if s.socket_path is not None]
+
+    async def held_devices(self) -> dict[str, frozenset[str]]:
+        if self._pod_resources is None:
+            return {}
+        return await self._pod_resources.held_devices() or {}
+
+    async def apply(self, plan: Plan, context: AllocateContext) -> PlanDiff:
+        """Make kubelet see `plan` (plus draining devices); returns what changed."""
+        async with self._lock:
+            return await self._apply(plan, context)
+
+    async def _apply(self, plan: Plan, context: AllocateContext) -> PlanDiff:
+        self._requested = (plan, context)
+        held = await self.held_devices()
+        effective = with_draining(plan, self._advertised, held)
+        change = diff(self._advertised, effective)
+        for name in change.stop:
+            await self._stop(name)
+        for resource in change.push:
+            self._servers[resource.name].update(resource, context)
+        # Allocate settings (flags) may change without any device change.
+        for name in change.unchanged:
+            self._servers[name].update(self._servers[name].resource, context)
+        for resource in change.start:
+            server = ResourceServer(
+                kubelet_dir=self._kubelet_dir,
+                resource=resource,
+                context=context,
+                metrics=self._metrics,
+            )
+            await server.start()
+            self._servers[resource.name] = server
+            await self._register(server)
+        self._advertised = effective
+        draining = draining_ids(effective, plan)
+        self._report(effective, draining)
+        if not change.empty:
+            log.info("applied plan: %s", change.describe())
+        if draining:
+            self._watch_draining()
+        return change
+
+    def _report(self, effective: Plan, draining: Mapping[str, tuple[str, ...]]) -> None:
+        for resource in effective.resources:
+            leaving = draining.get(resource.name, ())
+            self._status.set_resource(
+                resource.name,
+                devices=len(resource.devices),
+                healthy=resource.healthy_count,
+                draining=leaving,
+            )
+            self._metrics.set_devices(
+                resource.name,
+                total=len(resource.devices),
+                healthy=resource.healthy_count,
+                draining=len(leaving),
+            )
+
+    async def _stop(self, name: str) -> None:
+        server = self._servers.pop(name)
+        retry = self._retries.pop(name, None)
+        if retry is not None:
+            retry.cancel()
+        await server.stop()
+        self._status.remove_resource(name)
+        self._metrics.forget_resource(name)
+        log.info("stopped resource %s", name)
+
+    async def _register(self, server: ResourceServer) -> bool:
+        try:
+            await server.register()
+        except KubeletError as exc:
+            log.warning("registering %s with kubelet failed: %s (will retry)", server.name, exc)
+            self._status.set_registered(server.name, False)
+            self._retry_registration(server)
+            return False
+        self._status.set_registered(server.name, True)
+        log.info("registered %s with kubelet on %s", server.name, server.socket_path)
+        return True
+
+    def _retry_registration(self, server: ResourceServer) -> None:
+        if server.name in self._retries:
+            return
+
+        async def retry() -> None:
+            delay, limit = _REGISTER_BACKOFF_S
+            try:
+                while True:
+                    await asyncio.sleep(delay)
+                    async with self._lock:
+                        if self._servers.get(server.name) is not server or server.registered:
+                            return
+                        try:
+                            await server.register()
+                        except KubeletError as exc:
+                            log.debug("registration of %s still failing: %s", server.name, exc)
+                        else:
+                            self._status.set_registered(server.name, True)
+                            log.info("registered %s with kubelet", server.name)
+                            return
+                    delay = min(delay * 2, limit)
+            finally:
+                self._retries.pop(server.name, None)
+
+        self._retries[server.name] = self._tasks.spawn(retry(), name=f"register:{server.name}")
+
+    async def kubelet_restarted(self) -> None:
+        """Kubelet came (back): every resource listens on a fresh socket and registers again."""
+        async with self._lock:
+            log.info(
+                "kubelet socket (re)created: re-registering %d resource(s)", len(self._servers)
+            )
+            for server in list(self._servers.values()):
+                self._status.set_registered(server.name, False)
+                await server.restart()
+                self._status.set_registered(server.name, server.registered)
+                if not server.registered:
+                    self._retry_registration(server)
+
+    async def socket_removed(self, path: Path) -> None:
+        """One of our sockets was deleted (kubelet cleans the directory when it starts)."""
+        async with self._lock:
+            for server in list(self._servers.values()):
+                if server.socket_path == path:
+                    log.info("socket %s of %s was removed: listening again", path, server.name)
+                    self._status.set_registered(server.name, False)
+                    await server.restart()
+                    self._status.set_registered(server.name, server.registered)
+                    if not server.registered:
+                        self._retry_registration(server)
+
+    def _watch_draining(self) -> None:
+        if self._drain_task is not None and not self._drain_task.done():
+            return
+
+        async def recheck() -> None:
+            while True:
+                await asyncio.sleep(self._drain_recheck_s)
+                async with self._lock:
+                    if self._requested is None:
+                        return
+                    await self._apply(*self._requested)
+                    advertised = self._advertised
+                    if advertised is None or not draining_ids(advertised, self._requested[0]):
+                        return
+
+        self._drain_task = self._tasks.spawn(recheck(), name="drain-recheck")
+
+    async def close(self) -> None:
+        """Stop every resource server and remove its socket."""
+        await self._tasks.close()
+        async with self._lock:
+            for name in list(self._servers):
+                await self._stop(name)
+            self._advertised = None

@@ -1,0 +1,78 @@
+"""Run the real daemon in-process against the kubelet simulator, for integration tests."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from sharing_plugin.daemon.app import Daemon, RunOptions
+from sharing_plugin.gpus.nvml import backend_from_spec
+from sharing_plugin.kubelet.simulator import KubeletSimulator
+
+
+@dataclass
+class Running:
+    kubelet: KubeletSimulator
+    daemon: Daemon
+    config: Path
+    nvml: Any
+
+    def in_sync(self) -> bool:
+        """Kubelet sees exactly what the supervisor advertises, for every resource."""
+        plan = self.daemon.supervisor.advertised
+        if plan is None or not plan.resources:
+            return False
+        return all(
+            self.kubelet.devices(r.name) == {d.id: d.health.value for d in r.devices}
+            for r in plan.resources
+        )
+
+    async def settled(self, within: float = 5.0) -> None:
+        await self.kubelet.wait_for(self.in_sync, timeout=within)
+
+    def capacity(self) -> dict[str, int]:
+        return {r: self.kubelet.capacity(r) for r in self.kubelet.resources()}
+
+    def allocatable(self) -> dict[str, int]:
+        return {r: self.kubelet.allocatable(r) for r in self.kubelet.resources()}
+
+    def write(self, text: str) -> None:
+        """Replace the config file's content the way an editor saving it would."""
+        tmp = self.config.with_name(self.config.name + ".tmp")
+        tmp.write_text(text, encoding="utf-8")
+        tmp.replace(self.config)
+
+
+@asynccontextmanager
+async def running(
+    root: Path,
+    config_text: str | None,
+    *,
+    gpus: str = "simulated:dgx-a100-80gb",
+    config_path: Path | None = None,
+    wait_ready: bool = True,
+    **options: Any,
+) -> AsyncIterator[Running]:
+    """A kubelet simulator in `root` and the daemon serving `config_text` (None: no config)."""
+    config = config_path or root / "config.yaml"
+    if config_text is not None:
+        config.write_text(config_text, encoding="utf-8")
+    nvml = backend_from_spec(gpus)
+    opts = RunOptions(
+        config_path=config if (config_text is not None or config_path) else None,
+        gpus=gpus,
+        kubelet_dir=root,
+        drain_recheck_s=0.05,
+        **options,
+    )
+    async with (
+        KubeletSimulator(root, grace_period=0.2, dial_timeout=2.0) as kubelet,
+        Daemon(opts, nvml=nvml) as daemon,
+    ):
+        run = Running(kubelet=kubelet, daemon=daemon, config=config, nvml=nvml)
+        if wait_ready:
+            await run.settled()
+        yield run

@@ -1,0 +1,116 @@
+"""The daemon end to end in-process: config -> GPUs -> plan -> servers -> kubelet simulator."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from daemon_harness import running
+
+from sharing_plugin.config import load_configs
+from sharing_plugin.daemon.app import Daemon, RunOptions
+from sharing_plugin.gpus.nvml import backend_from_spec, discover
+from sharing_plugin.kubelet.simulator import KubeletSimulator
+from sharing_plugin.plan import plan
+
+EXAMPLES = Path(__file__).parents[2] / "config" / "examples"
+TIME_SLICING = """\
+version: v1
+sharing:
+  timeSlicing:
+    resources:
+      - name: nvidia.com/gpu
+        replicas: 2
+"""
+
+
+@pytest.mark.parametrize(
+    ("example", "preset"),
+    [
+        ("time-slicing.yaml", "dgx-a100-80gb"),
+        ("per-gpu-replicas.yaml", "dgx-h100"),
+        ("mps.yaml", "dgx-h100"),
+        ("reference-readme.yaml", "t4x4"),
+        ("mig-mixed.yaml", "a100-mig-mixed"),
+    ],
+)
+async def test_example_configs_are_registered_and_advertised(
+    short_dir: Path, example: str, preset: str
+) -> None:
+    text = (EXAMPLES / example).read_text()
+    async with running(short_dir, text, gpus=f"simulated:{preset}") as run:
+        config = load_configs(run.config)[None].config
+        expected = plan(config, discover(backend_from_spec(f"simulated:{preset}")))
+        assert run.capacity() == {r.name: len(r.devices) for r in expected.resources}
+        assert {r.resource for r in run.kubelet.registrations} == set(expected.names)
+        assert run.daemon.status.ready
+
+
+async def test_a_pod_gets_the_physical_gpu_behind_its_replica(short_dir: Path) -> None:
+    async with running(short_dir, TIME_SLICING) as run:
+        pod = await run.kubelet.admit_pod("p", containers={"c": {"nvidia.com/gpu": 1}})
+        (device_id,) = pod.device_ids("c", "nvidia.com/gpu")
+        envs = pod.get("c", "nvidia.com/gpu").response.envs
+        assert envs["NVIDIA_VISIBLE_DEVICES"] == device_id.split("::")[0]
+        assert device_id.startswith("GPU-") and "::" in device_id
+
+
+async def test_kubelet_restart_reregisters_every_resource_on_a_new_socket(
+    short_dir: Path,
+) -> None:
+    async with running(short_dir, TIME_SLICING) as run:
+        before = {s.name: s.socket_path for s in run.daemon.supervisor.servers.values()}
+        await run.kubelet.restart()
+        await run.settled()
+        after = {s.name: s.socket_path for s in run.daemon.supervisor.servers.values()}
+        assert before.keys() == after.keys()
+        assert all(before[n] != after[n] and after[n] is not None for n in before)
+        assert all(p is not None and p.exists() for p in after.values())
+        assert run.capacity() == {"nvidia.com/gpu": 16}
+
+
+async def test_plugin_started_before_kubelet_registers_once_kubelet_appears(
+    short_dir: Path,
+) -> None:
+    config = short_dir / "config.yaml"
+    config.write_text(TIME_SLICING)
+    options = RunOptions(config_path=config, gpus="simulated:t4x4", kubelet_dir=short_dir)
+    async with Daemon(options) as daemon:
+        assert not daemon.status.ready
+        async with KubeletSimulator(short_dir, grace_period=0.2) as kubelet:
+            await kubelet.wait_for(lambda: kubelet.capacity("nvidia.com/gpu") == 8, timeout=10)
+            await kubelet.wait_for(lambda: daemon.status.ready, timeout=5)
+
+
+async def test_close_removes_every_socket_and_kubelet_sees_nothing(short_dir: Path) -> None:
+    async with running(short_dir, TIME_SLICING) as run:
+        sockets = run.daemon.supervisor.own_sockets()
+        assert sockets and all(p.exists() for p in sockets)
+        await run.daemon.close()
+        await run.kubelet.wait_for(lambda: run.kubelet.capacity("nvidia.com/gpu") == 0)
+        assert not any(p.exists() for p in sockets)
+
+
+async def test_invalid_config_at_start_serves_nothing_until_fixed(short_dir: Path) -> None:
+    broken = TIME_SLICING.replace("replicas: 2", "replica: 2")
+    async with running(short_dir, broken, wait_ready=False) as run:
+        assert not run.daemon.status.ready
+        error = run.daemon.status.last_error
+        assert error is not None and "config.yaml:6:9" in error and "replica" in error
+        assert run.kubelet.resources() == []
+        run.write(TIME_SLICING)
+        await run.settled()
+        assert run.capacity() == {"nvidia.com/gpu": 16}
+        assert run.daemon.status.last_error is None
+
+
+async def test_status_json_reports_config_and_resources(short_dir: Path) -> None:
+    async with running(short_dir, TIME_SLICING) as run:
+        status = json.loads(json.dumps(run.daemon.status.to_json()))
+        assert status["config"]["generation"] == 1
+        assert status["config"]["hash"]
+        assert status["lastError"] is None
+        assert status["resources"]["nvidia.com/gpu"]["devices"] == 16
+        assert status["resources"]["nvidia.com/gpu"]["healthy"] == 16
+        assert status["resources"]["nvidia.com/gpu"]["draining"] == []
