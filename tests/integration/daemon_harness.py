@@ -54,6 +54,7 @@ async def running(
     gpus: str = "simulated:dgx-a100-80gb",
     config_path: Path | None = None,
     wait_ready: bool = True,
+    kube_client: Any = None,
     **options: Any,
 ) -> AsyncIterator[Running]:
     """A kubelet simulator in `root` and the daemon serving `config_text` (None: no config)."""
@@ -70,7 +71,7 @@ async def running(
     )
     async with (
         KubeletSimulator(root, grace_period=0.2, dial_timeout=2.0) as kubelet,
-        Daemon(opts, nvml=nvml) as daemon,
+        Daemon(opts, nvml=nvml, kube_client=kube_client) as daemon,
     ):
         run = Running(kubelet=kubelet, daemon=daemon, config=config, nvml=nvml)
         if wait_ready:
