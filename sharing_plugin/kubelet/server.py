@@ -83,6 +83,7 @@ class _Listener:
         # instead of waiting out the grace period on streams that never end by themselves.
         self.servicer.broadcast(final, final=True)
         await self.server.stop(STOP_GRACE_S)
+        await self.servicer.wait_streams_ended(STOP_GRACE_S)
         # Our name is unique, so this never removes a file kubelet created after a restart.
         self.path.unlink(missing_ok=True)
 

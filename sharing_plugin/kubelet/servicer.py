@@ -95,10 +95,22 @@ class DevicePluginServicer(dp_grpc.DevicePluginServicer):
         self._current = current
         self._metrics = metrics
         self._streams: set[_Stream] = set()
+        self._handlers: set[asyncio.Task[Any]] = set()
 
     @property
     def open_streams(self) -> int:
         return len(self._streams)
+
+    async def wait_streams_ended(self, timeout: float) -> None:  # noqa: ASYNC109
+        """Wait (bounded) until every ListAndWatch handler has finished.
+
+        grpc.aio's `Server.stop()` returns once the core has shut down, while the handler tasks
+        it cancelled may not have run yet; waiting here leaves no task behind a stopped server.
+        """
+        if self._handlers:
+            await asyncio.wait(set(self._handlers), timeout=timeout)
+            # grpc's outer task for each call resumes right after its handler task ends.
+            await asyncio.sleep(0)
 
     def broadcast(self, message: dp.ListAndWatchResponse | None, *, final: bool = False) -> None:
         """Queue `message` on every open stream (replacing one not yet sent); `final` ends them
@@ -120,16 +132,24 @@ class DevicePluginServicer(dp_grpc.DevicePluginServicer):
         # Registering the stream and reading the first list happen with no await in between, so
         # an update can neither slip between them nor be sent twice.
         self._streams.add(stream)
+        handler = asyncio.current_task()
+        if handler is not None and handler not in self._handlers:
+            # The task outlives this generator (grpc still sends the status after it), so it
+            # leaves the set when it is done, not in `finally`.
+            self._handlers.add(handler)
+            handler.add_done_callback(self._handlers.discard)
         first = self._current().message
         try:
             yield first
             while True:
-                await stream.wake.wait()
+                if stream.pending is None and not stream.final:
+                    await stream.wake.wait()
                 stream.wake.clear()
                 message, stream.pending = stream.pending, None
                 if message is not None:
+                    # Checked again before waiting: a push may land while this one is sent.
                     yield message
-                if stream.final:
+                elif stream.final:
                     return
         finally:
             self._streams.discard(stream)

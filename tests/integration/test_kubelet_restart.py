@@ -29,17 +29,23 @@ def gpu_server(kubelet_dir: Path, make_plan: MakePlan) -> ResourceServer:
 
 
 @asynccontextmanager
-async def watching(kubelet_dir: Path, server: ResourceServer) -> AsyncIterator[list[str]]:
-    """Run a KubeletWatcher that restarts `server`; yields the log of callbacks it made."""
+async def watching(
+    kubelet_dir: Path, server: ResourceServer
+) -> AsyncIterator[tuple[list[str], asyncio.Event]]:
+    """Run a KubeletWatcher that restarts `server`; yields the log of callbacks it finished
+    and an event set after each."""
     calls: list[str] = []
+    called = asyncio.Event()
 
     async def on_restart() -> None:
-        calls.append("kubelet restarted")
         await server.restart()
+        calls.append("kubelet restarted")
+        called.set()
 
     async def on_removed(path: Path) -> None:
-        calls.append(f"removed {path.name}")
         await server.restart()
+        calls.append(f"removed {path.name}")
+        called.set()
 
     watcher = KubeletWatcher(
         kubelet_dir,
@@ -50,7 +56,7 @@ async def watching(kubelet_dir: Path, server: ResourceServer) -> AsyncIterator[l
     task = asyncio.create_task(watcher.run(), name="test:kubelet-watcher")
     try:
         await asyncio.wait_for(watcher.ready.wait(), 5)
-        yield calls
+        yield calls, called
     finally:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
@@ -66,16 +72,22 @@ async def test_kubelet_restart_reregisters_on_a_new_socket(
         await kubelet_sim.wait_for(lambda: kubelet_sim.allocatable(GPU) == 8)
         old = server.socket_path
         assert old is not None
-        async with watching(kubelet_sim.kubelet_dir, server) as calls:
+        async with watching(kubelet_sim.kubelet_dir, server) as (calls, called):
             await kubelet_sim.restart()
-            await kubelet_sim.wait_for(
-                lambda: len(kubelet_sim.registrations) == 1 and kubelet_sim.allocatable(GPU) == 8
-            )
+            # Kubelet's clean-up (our socket deleted) and its new kubelet.sock usually land in
+            # one batch of changes; on a loaded machine they may come as two, each restarting.
+            while "kubelet restarted" not in calls:
+                called.clear()
+                await asyncio.wait_for(called.wait(), 5)
             new = server.socket_path
             assert new is not None and new != old and new.exists()
-            assert kubelet_sim.registrations[0].endpoint == new.name
             assert server.registered
-            assert calls == ["kubelet restarted"]
+            await kubelet_sim.wait_for(
+                lambda: (
+                    kubelet_sim.registrations[-1].endpoint == new.name
+                    and kubelet_sim.allocatable(GPU) == 8
+                )
+            )
             pod = await kubelet_sim.admit_pod("p", containers={"c": {GPU: 1}})
             assert pod.device_ids("c", GPU)
     finally:
@@ -93,9 +105,9 @@ async def test_a_deleted_socket_is_replaced_and_registered_again(
         await kubelet_sim.wait_for(lambda: kubelet_sim.allocatable(GPU) == 8)
         old = server.socket_path
         assert old is not None
-        async with watching(kubelet_sim.kubelet_dir, server) as calls:
+        async with watching(kubelet_sim.kubelet_dir, server) as (calls, called):
             old.unlink()
-            await kubelet_sim.wait_for(lambda: len(kubelet_sim.registrations) == 2)
+            await asyncio.wait_for(called.wait(), 5)
             new = server.socket_path
             assert new is not None and new != old
             assert kubelet_sim.registrations[-1].endpoint == new.name
