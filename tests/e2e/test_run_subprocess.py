@@ -1,0 +1,125 @@
+"""`sharing-plugin run` as a real process: flags and env vars, kubelet registration, the metrics
+address, a hot reload from a file edit, JSON logs, SIGTERM, and usage errors (exit 2)."""
+
+from __future__ import annotations
+
+import json
+import signal
+from pathlib import Path
+
+import pytest
+from plugin_process import PluginProcess, free_port, http_get
+
+from sharing_plugin.kubelet.simulator import KubeletSimulator
+
+GPU = "nvidia.com/gpu"
+# dgx-a100-80gb: 8 whole GPUs.
+GPUS = 8
+CONFIG = """\
+version: v1
+sharing:
+  timeSlicing:
+    resources:
+      - name: nvidia.com/gpu
+        replicas: {}
+"""
+START_S = 10.0  # generous for a loaded CI machine; the benchmark measures the real time
+
+
+def write_config(path: Path, replicas: int) -> None:
+    """Replace the file as an editor saving it would (write aside, rename over)."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(CONFIG.format(replicas), encoding="utf-8")
+    tmp.replace(path)
+
+
+def own_sockets(kubelet: KubeletSimulator) -> list[str]:
+    return sorted(p.name for p in kubelet.plugin_dir.glob("sharing-*.sock"))
+
+
+async def test_run_registers_serves_reloads_and_stops(
+    kubelet: KubeletSimulator, short_dir: Path
+) -> None:
+    config = short_dir / "config.yaml"
+    write_config(config, 4)
+    port = free_port()
+    args = [
+        "--config", str(config),
+        "--gpus", "simulated:dgx-a100-80gb",
+        "--kubelet-dir", str(short_dir),
+        "--metrics-address", f"127.0.0.1:{port}",
+        "--log-format", "json",
+    ]  # fmt: skip
+    async with PluginProcess(args) as plugin:
+        await kubelet.wait_for(lambda: kubelet.allocatable(GPU) == 4 * GPUS, timeout=START_S)
+        assert [r.resource for r in kubelet.registrations] == [GPU]
+        assert len(own_sockets(kubelet)) == 1
+
+        status, _, body = await http_get(port, "/readyz")
+        assert status == 200, body
+        status, headers, body = await http_get(port, "/status")
+        assert status == 200
+        assert headers["content-type"].startswith("application/json")
+        document = json.loads(body)
+        assert document["config"]["generation"] == 1
+        assert document["lastError"] is None
+        assert document["resources"][GPU]["devices"] == 4 * GPUS
+        assert document["resources"][GPU]["healthy"] == 4 * GPUS
+        status, _, body = await http_get(port, "/metrics")
+        assert status == 200
+        assert f'sharing_plugin_devices{{resource="{GPU}"}} 32.0' in body.decode()
+
+        write_config(config, 2)
+        await kubelet.wait_for(lambda: kubelet.capacity(GPU) == 2 * GPUS, timeout=5)
+        # A changed device set is a new ListAndWatch message, not a new registration.
+        assert len(kubelet.registrations) == 1
+        _, _, body = await http_get(port, "/status")
+        assert json.loads(body)["config"]["generation"] == 2
+
+        assert await plugin.stop(signal.SIGTERM, timeout=2.0) == 0
+    assert own_sockets(kubelet) == []
+    entries = [json.loads(line) for line in plugin.stderr_lines]
+    assert entries, "no log lines"
+    assert all({"ts", "level", "logger", "msg"} <= entry.keys() for entry in entries)
+    assert any("generation 2" in entry["msg"] for entry in entries)
+
+
+async def test_run_reads_env_vars_instead_of_flags(
+    kubelet: KubeletSimulator, short_dir: Path
+) -> None:
+    config = short_dir / "config.yaml"
+    write_config(config, 3)
+    env = {
+        "CONFIG_FILE": str(config),
+        "GPUS": "simulated:dgx-a100-80gb",
+        "KUBELET_DIR": str(short_dir),
+        "METRICS_ADDRESS": "off",
+        "LOG_FORMAT": "json",
+    }
+    async with PluginProcess([], env) as plugin:
+        await kubelet.wait_for(lambda: kubelet.allocatable(GPU) == 3 * GPUS, timeout=START_S)
+        assert await plugin.stop(signal.SIGINT, timeout=2.0) == 0
+    assert own_sockets(kubelet) == []
+    messages = [json.loads(line)["msg"] for line in plugin.stderr_lines]
+    assert not any("listening" in m for m in messages), "METRICS_ADDRESS=off still listened"
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "expected"),
+    [
+        (["--log-format", "xml"], {}, "--log-format must be text or json"),
+        ([], {"LOG_FORMAT": "yaml"}, "--log-format must be text or json"),
+        (["--metrics-address", "nowhere"], {}, "metrics address 'nowhere'"),
+        ([], {"METRICS_ADDRESS": "127.0.0.1:99999"}, "metrics address"),
+        (["--no-such-flag"], {}, "unrecognized arguments"),
+    ],
+)
+async def test_run_usage_error_exits_2(
+    args: list[str], env: dict[str, str], expected: str, short_dir: Path
+) -> None:
+    base = {"KUBELET_DIR": str(short_dir), "GPUS": "simulated:dgx-a100-80gb"}
+    async with PluginProcess(args, {**base, **env}) as plugin:
+        code = await plugin.wait(timeout=START_S)
+    assert code == 2, plugin.stderr()
+    assert expected in plugin.stderr()
+    assert not (short_dir / "device-plugins").exists()
