@@ -181,11 +181,7 @@ class Supervisor:
                 "kubelet socket (re)created: re-registering %d resource(s)", len(self._servers)
             )
             for server in list(self._servers.values()):
-                self._status.set_registered(server.name, False)
-                await server.restart()
-                self._status.set_registered(server.name, server.registered)
-                if not server.registered:
-                    self._retry_registration(server)
+                await self._relisten(server)
 
     async def socket_removed(self, path: Path) -> None:
         """One of our sockets was deleted (kubelet cleans the directory when it starts)."""
@@ -193,11 +189,18 @@ class Supervisor:
             for server in list(self._servers.values()):
                 if server.socket_path == path:
                     log.info("socket %s of %s was removed: listening again", path, server.name)
-                    self._status.set_registered(server.name, False)
-                    await server.restart()
-                    self._status.set_registered(server.name, server.registered)
-                    if not server.registered:
-                        self._retry_registration(server)
+                    await self._relisten(server)
+
+    async def _relisten(self, server: ResourceServer) -> None:
+        """A fresh socket and a new registration; a kubelet not back yet is retried."""
+        self._status.set_registered(server.name, False)
+        try:
+            await server.restart()
+        except KubeletError as exc:
+            log.warning("re-registering %s failed: %s (will retry)", server.name, exc)
+        self._status.set_registered(server.name, server.registered)
+        if not server.registered:
+            self._retry_registration(server)
 
     def _watch_draining(self) -> None:
         if self._drain_task is not None and not self._drain_task.done():
