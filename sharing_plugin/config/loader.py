@@ -17,7 +17,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from sharing_plugin.config.messages import validation_problems
-from sharing_plugin.config.model import Config
+from sharing_plugin.config.model import DEFAULT_IGNORED_XIDS, Config
 from sharing_plugin.config.rules import config_warnings
 from sharing_plugin.config.yamldoc import MAX_BYTES, Document, Mark, YamlProblem, decode, read
 from sharing_plugin.errors import ConfigError, Problem
@@ -263,4 +263,13 @@ def select(
 
 def dump_config(config: Config) -> dict[str, Any]:
     """The camelCase v1 form of a config, which the loader reads back to an equal Config."""
-    return config.model_dump(mode="json", by_alias=True, exclude_none=True)
+    dumped = config.model_dump(mode="json", by_alias=True, exclude_none=True)
+    health = dumped["health"]
+    critical = set(health.get("criticalXIDs", ()))
+    if critical & set(health["ignoredXids"]) and tuple(health["ignoredXids"]) == (
+        DEFAULT_IGNORED_XIDS
+    ):
+        # Accepted only because the ignored list was left at its default: a written list
+        # that shares an Xid with criticalXIDs is an error, as in the reference.
+        del health["ignoredXids"]
+    return dumped

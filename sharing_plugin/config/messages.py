@@ -135,6 +135,8 @@ def _message(error: Any, loc: Loc) -> str:
         choices = [c.strip().strip("'") for c in expected.replace(" or ", ", ").split(",")]
         close = difflib.get_close_matches(str(value), choices, n=1, cutoff=0.5)
         hint = f" (did you mean {close[0]!r}?)" if close else ""
+        if "eventTypes" in loc:  # the reference's own words for this one
+            return f"invalid event type: {value}; expected {expected}{hint}"
         return f"unknown value {value!r}; expected {expected}{hint}"
     if kind == "string_pattern_mismatch" and "profiles" in loc:
         return f"{value!r} is not a MIG profile name (e.g. 1g.10gb, 3g.40gb, 1g.10gb+me)"

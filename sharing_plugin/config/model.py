@@ -10,6 +10,7 @@ one place per section and reported together, each with the path it is about.
 
 from __future__ import annotations
 
+import re
 from enum import StrEnum
 from typing import Annotated, Any, Literal
 
@@ -21,6 +22,7 @@ from pydantic import (
     PlainSerializer,
     PlainValidator,
     StrictBool,
+    StrictFloat,
     StrictInt,
     StrictStr,
     WithJsonSchema,
@@ -58,6 +60,7 @@ __all__ = [
     "DeviceListStrategy",
     "DeviceRef",
     "DeviceSelection",
+    "EventType",
     "Flags",
     "GfdFlags",
     "GpuIndexRef",
@@ -82,6 +85,8 @@ __all__ = [
 DEFAULT_IGNORED_XIDS: tuple[int, ...] = (13, 31, 43, 45, 68, 109)
 MAX_DEVICES_PER_RESOURCE = 60_000  # kubelet's 4 MiB ListAndWatch limit at ~59 bytes per device
 MIG_PROFILE_PATTERN = r"^[1-8]g\.[0-9]+gb(\+[a-z]+)*$"
+# Go's time.ParseDuration grammar (the reference decodes gfd.sleepInterval with it).
+GO_DURATION_PATTERN = r"^[-+]?(0|(([0-9]+\.?[0-9]*|\.[0-9]+)(ns|us|\u00b5s|\u03bcs|ms|s|m|h))+)$"
 
 
 class Strict(BaseModel):
@@ -126,6 +131,14 @@ class DeviceDiscoveryStrategy(StrEnum):
     TEGRA = "tegra"
 
 
+class EventType(StrEnum):
+    """NVML event types the reference plugin's `health.eventTypes` may list."""
+
+    XID_CRITICAL_ERROR = "EventTypeXidCriticalError"
+    DOUBLE_BIT_ECC_ERROR = "EventTypeDoubleBitEccError"
+    SINGLE_BIT_ECC_ERROR = "EventTypeSingleBitEccError"
+
+
 class SharingKind(StrEnum):
     NONE = "none"
     TIME_SLICING = "time-slicing"
@@ -163,6 +176,49 @@ def _one_or_many(value: Any) -> Any:
     return [value] if isinstance(value, str) else value
 
 
+def _empty_is_auto(value: Any) -> Any:
+    # The reference treats an empty deviceDiscoveryStrategy like "auto".
+    return "auto" if value == "" else value
+
+
+def _go_duration(value: Any) -> Any:
+    # The reference decodes a duration from a Go duration string ("60s", "1m30s") or a
+    # number of nanoseconds.
+    if isinstance(value, str) and not re.fullmatch(GO_DURATION_PATTERN, value):
+        raise PydanticCustomError(
+            "go_duration",
+            "'{value}' is not a duration: write it like 60s, 5m or 1h30m",
+            {"value": value},
+        )
+    return value
+
+
+def _all_or_xids(value: Any) -> Any:
+    # criticalXIDs: "all" (any case, as the reference reads it) means every Xid: the same as
+    # leaving it out, so it is stored as None.
+    if isinstance(value, str):
+        if value.lower() == "all":
+            return None
+        raise PydanticCustomError(
+            "critical_xids",
+            "invalid string value for criticalXIDs: {value}; write all or a list of Xid numbers",
+            {"value": value},
+        )
+    return value
+
+
+def _time_slicing_strategy(value: Any) -> Any:
+    if value != "":
+        raise PydanticCustomError(
+            "time_slicing_strategy",
+            'unknown time-slicing strategy: {value}; the reference plugin accepts only "" '
+            "here; to spread replicas over GPUs or fill one GPU first, set "
+            "flags.plugin.sharedDevicesAllocationPolicy: distributed or packed",
+            {"value": value},
+        )
+    return value
+
+
 # --- sections ------------------------------------------------------------------------------------
 
 
@@ -196,7 +252,19 @@ class GfdFlags(Strict):
 
     oneshot: StrictBool | None = None
     no_timestamp: StrictBool | None = None
-    sleep_interval: StrictStr | None = None
+    sleep_interval: Annotated[
+        StrictStr | StrictInt | StrictFloat | None,
+        BeforeValidator(_go_duration),
+        WithJsonSchema(
+            {
+                "anyOf": [
+                    {"type": "string", "pattern": GO_DURATION_PATTERN},
+                    {"type": "number"},
+                ],
+                "description": "A Go duration (60s, 5m) or a number of nanoseconds.",
+            }
+        ),
+    ] = None
     output_file: StrictStr | None = None
     machine_type_file: StrictStr | None = None
 
@@ -224,7 +292,9 @@ class Flags(Strict):
     """Accepted for compatibility; has no effect here."""
     use_node_feature_api: StrictBool | None = Field(None, alias="useNodeFeatureAPI")
     """Accepted for compatibility; has no effect here."""
-    device_discovery_strategy: DeviceDiscoveryStrategy | None = None
+    device_discovery_strategy: Annotated[
+        DeviceDiscoveryStrategy | None, BeforeValidator(_empty_is_auto)
+    ] = None
     """Accepted for compatibility; has no effect here (devices are found through NVML)."""
     plugin: PluginFlags = PluginFlags()
     gfd: GfdFlags | None = None
@@ -273,6 +343,14 @@ class ReplicatedResource(Strict):
 
 class Sharing(Strict):
     """`sharing.timeSlicing` or `sharing.mps`."""
+
+    strategy: Annotated[
+        Literal[""] | None,
+        BeforeValidator(_time_slicing_strategy),
+        WithJsonSchema({"const": "", "description": "Accepted for compatibility; no effect."}),
+    ] = None
+    """The reference's time-slicing strategy: only "" (no effect); see
+    flags.plugin.sharedDevicesAllocationPolicy."""
 
     rename_by_default: StrictBool = False
     """Advertise shared resources as `<name>.shared` unless an entry sets `rename`."""
@@ -341,13 +419,43 @@ class SharingSection(Strict):
         return self
 
 
+Xid = Annotated[StrictInt, Field(ge=0)]
+
+
 class Health(Strict):
-    """GPU health checking through NVML Xid events."""
+    """GPU health checking through NVML Xid events.
+
+    Our keys (`enabled`, `ignoredXids`) and the reference's newer ones (`disabled`,
+    `ignoredXIDs`, `criticalXIDs`, `eventTypes`) are both accepted and resolved here, once:
+    afterwards `enabled`, `ignored_xids` and `critical_xids` say everything, and `disabled`
+    and `ignored_xids_reference` are always None.
+    """
 
     enabled: StrictBool = True
     """Watch Xid events and mark affected devices Unhealthy."""
-    ignored_xids: tuple[Annotated[StrictInt, Field(ge=0)], ...] = DEFAULT_IGNORED_XIDS
+    ignored_xids: tuple[Xid, ...] = DEFAULT_IGNORED_XIDS
     """Xids that are application errors, not GPU faults."""
+    critical_xids: Annotated[
+        tuple[Xid, ...] | None,
+        BeforeValidator(_all_or_xids),
+        WithJsonSchema(
+            {
+                "anyOf": [
+                    {"type": "string", "pattern": "^[Aa][Ll][Ll]$"},
+                    {"type": "array", "items": {"type": "integer", "minimum": 0}},
+                ],
+                "description": "all (default): every Xid not ignored marks a GPU Unhealthy; "
+                "a list: only these do (ignored Xids never do).",
+            }
+        ),
+    ] = Field(None, alias="criticalXIDs")
+    """Which Xids mark a GPU Unhealthy: all (absent) or only the listed ones."""
+    event_types: tuple[EventType, ...] | None = None
+    """NVML event types to watch (reference plugin); Xid critical errors are watched here."""
+    disabled: StrictBool | None = None
+    """The reference's spelling of enabled: false."""
+    ignored_xids_reference: tuple[Xid, ...] | None = Field(None, alias="ignoredXIDs")
+    """The reference's spelling of ignoredXids."""
     recovery_quiet_period_seconds: Annotated[StrictInt, Field(ge=0)] = 60
     """An Unhealthy device is Healthy again once NVML answers and no fault came for this long."""
     recovery_check_seconds: Annotated[StrictInt, Field(ge=1)] = 30
@@ -356,7 +464,9 @@ class Health(Strict):
     """Longest delay between two rechecks of an Unhealthy device."""
 
     @model_validator(mode="after")
-    def _check_delays(self) -> Health:
+    def _resolve(self) -> Health:
+        resolved = rules.resolve_health(self)
+        rules.raise_issues(resolved.issues)
         if self.recovery_check_max_seconds < self.recovery_check_seconds:
             rules.raise_issues(
                 [
@@ -367,6 +477,9 @@ class Health(Strict):
                     )
                 ]
             )
+        # Still inside validation, before anyone holds the instance: the one place the frozen
+        # model is written, so that no later code sees the reference's spellings.
+        self.__dict__.update(resolved.update)
         return self
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from pydantic_core import PydanticCustomError
 
@@ -19,6 +19,7 @@ from sharing_plugin.config.devices import overlap
 if TYPE_CHECKING:
     from sharing_plugin.config.model import (
         Config,
+        Health,
         Partitioning,
         ReplicatedResource,
         Sharing,
@@ -27,6 +28,7 @@ if TYPE_CHECKING:
 Loc = tuple[str | int, ...]
 RULE_ERROR = "config_rule"
 COMPAT = "accepted for compatibility; has no effect here"
+XID_EVENTS = "EventTypeXidCriticalError"
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,6 +99,97 @@ def partitioning_issues(partitioning: Partitioning) -> Iterator[Issue]:
                 )
 
 
+@dataclass(frozen=True, slots=True)
+class HealthResolution:
+    """The health section in our terms (fields to set) and what contradicts itself."""
+
+    update: dict[str, Any]
+    issues: tuple[Issue, ...]
+
+
+def _yaml_bool(value: bool) -> str:
+    return "true" if value else "false"
+
+
+def resolve_health(health: Health) -> HealthResolution:
+    """Fold the reference's health keys into ours, with the reference's meaning.
+
+    `disabled` is `not enabled`; `ignoredXIDs` is `ignoredXids`; an Xid in both an ignored list
+    that was written and `criticalXIDs` is an error, as in the reference; `eventTypes` without
+    Xid critical errors means no Xid is watched, so none is critical.
+    """
+    given = health.model_fields_set
+    issues: list[Issue] = []
+    enabled = health.enabled
+    if health.disabled is not None:
+        if "enabled" in given and health.enabled == health.disabled:
+            said = (
+                f"enabled: {_yaml_bool(health.enabled)} and disabled: "
+                f"{_yaml_bool(health.disabled)} contradict each other; keep one of the two"
+            )
+            issues += [Issue(("enabled",), said), Issue(("disabled",), said)]
+        enabled = not health.disabled
+    ignored = health.ignored_xids
+    ignored_written = "ignored_xids" in given
+    if health.ignored_xids_reference is not None:
+        if ignored_written:
+            issues.append(
+                Issue(
+                    ("ignoredXIDs",),
+                    "give one of ignoredXids or ignoredXIDs: they are two spellings of the "
+                    "same list",
+                )
+            )
+        ignored, ignored_written = health.ignored_xids_reference, True
+    critical = health.critical_xids
+    if critical is not None and ignored_written:
+        for i, xid in enumerate(critical):
+            if xid in ignored:
+                issues.append(
+                    Issue(
+                        ("criticalXIDs", i),
+                        f"XID {xid} is in both ignored and critical lists; remove it from one",
+                    )
+                )
+    if health.event_types and XID_EVENTS not in health.event_types:
+        critical = ()
+    update = {
+        "enabled": enabled,
+        "ignored_xids": ignored,
+        "critical_xids": critical,
+        "disabled": None,
+        "ignored_xids_reference": None,
+    }
+    return HealthResolution(update, tuple(issues))
+
+
+def health_warnings(health: Health) -> Iterator[str]:
+    events = health.event_types or ()
+    ecc = [str(e) for e in events if e != XID_EVENTS]
+    if ecc:
+        yield (
+            f"health.eventTypes: {', '.join(ecc)}: accepted for compatibility; only Xid "
+            "critical errors are watched here"
+        )
+    if events and XID_EVENTS not in events:
+        yield (
+            f"health.eventTypes: {XID_EVENTS} is not listed, so no Xid marks a GPU Unhealthy "
+            "(GPUs that stop answering NVML still do); add it to watch Xids"
+        )
+    elif health.critical_xids == ():
+        yield (
+            "health.criticalXIDs: the list is empty, so no Xid marks a GPU Unhealthy (GPUs "
+            "that stop answering NVML still do); list Xids, or write all"
+        )
+    never = sorted(set(health.critical_xids or ()) & set(health.ignored_xids))
+    if never and health.enabled:
+        yield (
+            f"health.criticalXIDs: {', '.join(map(str, never))} also in the default ignored "
+            f"Xids ({', '.join(map(str, health.ignored_xids))}), and ignored Xids never count, "
+            "as in the reference plugin; give ignoredXids without them to make them count"
+        )
+
+
 def config_issues(config: Config) -> Iterator[Issue]:
     sharing = config.sharing
     if sharing.mps is not None and config.flags.mig_strategy == "mixed":
@@ -147,10 +240,16 @@ def config_warnings(config: Config) -> list[str]:
             warnings.append(f"flags.{key}: {COMPAT}")
     if config.imex is not None:
         warnings.append(f"imex: {COMPAT}")
+    warnings.extend(health_warnings(config.health))
     sharing = config.sharing
     for section, block in (("timeSlicing", sharing.time_slicing), ("mps", sharing.mps)):
         if block is None:
             continue
+        if block.strategy is not None:
+            warnings.append(
+                f"sharing.{section}.strategy: {COMPAT} (replicas are placed by "
+                "flags.plugin.sharedDevicesAllocationPolicy)"
+            )
         for j, entry in enumerate(block.resources):
             if entry.replicas == 1:
                 warnings.append(

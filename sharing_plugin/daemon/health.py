@@ -74,7 +74,8 @@ class HealthEnv:
         return cls(disable_all, disabled, enable_all, enabled, bad_d + bad_e)
 
     def settings(self, health: Health) -> HealthSettings:
-        """The config's health section with these variables applied."""
+        """The config's health section with these variables applied. `DP_ENABLE_HEALTHCHECKS=all`
+        makes every Xid count, whatever `criticalXIDs` lists."""
         timing = RecoveryTiming(
             quiet_period_s=float(health.recovery_quiet_period_seconds),
             first_check_s=float(health.recovery_check_seconds),
@@ -87,6 +88,11 @@ class HealthEnv:
                 return HealthSettings(False, XidPolicy(frozenset(health.ignored_xids)), timing)
             return HealthSettings(health.enabled, XidPolicy(only=self.enabled), timing)
         ignored = (frozenset(health.ignored_xids) | self.disabled) - self.enabled
+        if health.critical_xids is not None:
+            # The config's criticalXIDs: only those count, an ignored one never (as in the
+            # reference), and the Xids DP_ENABLE_HEALTHCHECKS names count as well.
+            only = (frozenset(health.critical_xids) - ignored) | self.enabled
+            return HealthSettings(health.enabled, XidPolicy(only=only), timing)
         return HealthSettings(health.enabled, XidPolicy(ignored), timing)
 
     def describe(self) -> str | None:
