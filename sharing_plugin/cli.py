@@ -173,16 +173,19 @@ def _run_options(args: argparse.Namespace) -> RunOptions:
 
 async def _serve(options: RunOptions) -> None:
     loop = asyncio.get_running_loop()
-    async with Daemon(options) as daemon:
-        loop.add_signal_handler(signal.SIGTERM, daemon.request_stop)
-        loop.add_signal_handler(signal.SIGINT, daemon.request_stop)
-        loop.add_signal_handler(signal.SIGHUP, daemon.request_reload)
-        try:
+    daemon = Daemon(options)
+    # Handlers first: a signal that arrives while the daemon is still starting must stop it
+    # gracefully too (it is acted on as soon as start-up has finished).
+    loop.add_signal_handler(signal.SIGTERM, daemon.request_stop)
+    loop.add_signal_handler(signal.SIGINT, daemon.request_stop)
+    loop.add_signal_handler(signal.SIGHUP, daemon.request_reload)
+    try:
+        async with daemon:
             await daemon.wait_stopped()
             logging.getLogger(__name__).info("stopping")
-        finally:
-            for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-                loop.remove_signal_handler(sig)
+    finally:
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            loop.remove_signal_handler(sig)
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
