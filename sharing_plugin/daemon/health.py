@@ -217,7 +217,7 @@ class HealthMonitor:
             finally:
                 for task in tasks:
                     task.cancel()
-                await asyncio.gather(*tasks, return_exceptions=True)
+                await _ended(tasks)
             for task in done:
                 task.result()  # a bug in a loop surfaces here; a restart returns None
 
@@ -324,6 +324,22 @@ class HealthMonitor:
                 await self._on_change(self.health)
             except Exception:  # the monitor must outlive a failed push; the next one retries
                 log.exception("GPU health: reporting a health change failed")
+
+
+async def _ended(tasks: list[asyncio.Task[Any]]) -> None:
+    """Wait until cancelled tasks have ended, even when cancelled again meanwhile (a stop
+    during a restart). A gather would pass the second cancellation on and return at once,
+    leaving the Xid watch's thread joining, and NVML in use, after the monitor has ended; the
+    wait is bounded by one NVML event wait."""
+    pending = set(tasks)
+    cancelled = False
+    while pending:
+        try:
+            _, pending = await asyncio.wait(pending)
+        except asyncio.CancelledError:
+            cancelled = True
+    if cancelled:
+        raise asyncio.CancelledError
 
 
 def _policy_text(policy: XidPolicy) -> str:

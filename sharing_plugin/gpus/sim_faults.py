@@ -4,7 +4,10 @@ An event set queues events for the GPUs registered on it and wakes a waiter at o
 ``nvmlEventSetWait``. Faults come from the node file's `faults` list: entries appended while a
 process runs are delivered once. The file is watched (inotify through watchfiles) so an append
 wakes a waiter within milliseconds, and its size/mtime is also checked whenever a waiter starts
-waiting, which closes the gap before the watcher is ready; nothing polls on a timer.
+waiting, which closes the gap before the watcher is ready; nothing polls on a timer. Entries
+appended while no event set existed (the watch is off) are caught up when watching starts
+again: a lost GPU is state and applies, but an Xid is gone, since NVML queues events only for
+the event sets registered when they happen.
 """
 
 from __future__ import annotations
@@ -80,8 +83,11 @@ class FaultFeed:
         self._thread: threading.Thread | None = None
 
     def start(self) -> None:
-        """Start watching (idempotent)."""
+        """Start watching (idempotent), first catching up with what changed while stopped."""
         if self._thread is None:
+            for fault in self._new_faults():
+                if fault.lost is not None:
+                    self._deliver(fault)
             self._stop.clear()
             self._thread = threading.Thread(
                 target=self._watch, name=f"simulated-nvml-faults:{self._path.name}", daemon=True
@@ -96,18 +102,21 @@ class FaultFeed:
 
     def check(self) -> None:
         """Re-read the file if it changed since last time and deliver new entries."""
+        for fault in self._new_faults():
+            self._deliver(fault)
+
+    def _new_faults(self) -> tuple[Fault, ...]:
         stamp = self._file_stamp()
         with self._lock:
             if stamp == self._stamp:
-                return
+                return ()
             faults = read_faults(self._path)
             if faults is None:
-                return  # half-written: look again at the next change
+                return ()  # half-written: look again at the next change
             self._stamp = stamp
             new = faults[self._seen :] if len(faults) >= self._seen else ()
             self._seen = len(faults)  # a shortened list is a rewrite, not new faults
-        for fault in new:
-            self._deliver(fault)
+        return new
 
     def _file_stamp(self) -> tuple[int, int] | None:
         try:
