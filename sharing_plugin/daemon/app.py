@@ -48,6 +48,7 @@ from sharing_plugin.plan.model import Plan
 log = logging.getLogger(__name__)
 
 DEFAULT_CONFIG_LABEL = "nvidia.com/device-plugin.config"
+_MIG_RETRY = "MIG layout pending"  # the reason of a pending layout's retry, which is no reload
 _LABEL_FETCH_TIMEOUT_S = 5.0
 
 
@@ -221,7 +222,8 @@ class Daemon:
         self._update_waiters.append(waiter)
         await waiter
 
-    async def _on_update(self, update: ConfigUpdate) -> None:
+    async def _on_update(self, update: ConfigUpdate | None) -> None:
+        """Handle `update`; None carries out the last good config again (a MIG retry)."""
         try:
             await self._handle(update)
         finally:
@@ -230,8 +232,15 @@ class Daemon:
                 if not waiter.done():
                     waiter.set_result(None)
 
-    async def _handle(self, update: ConfigUpdate) -> None:
+    async def _handle(self, update: ConfigUpdate | None) -> None:
         async with self._reload_lock:
+            if update is None:
+                # Chosen under the lock, so a retry never brings back a config just replaced.
+                if self._base_plan is None:
+                    return
+                update = ConfigUpdate(
+                    name=self._config_name, loaded=self._loaded, error=None, reason=_MIG_RETRY
+                )
             if update.error is not None:
                 self._reject(update.error, update.reason)
                 return
@@ -268,17 +277,21 @@ class Daemon:
         if problems:
             raise PlanError(problems)
         assert self._mig is not None
-        had_states = bool(self.status.to_json()["mig"])
-        if config.partitioning is None and not had_states:
+        before = self.status.to_json()["mig"]
+        if config.partitioning is None and not before:
             return inventory
         held_by = await self.pod_resources.held_by()
         outcome = await self._mig.reconcile(config, inventory, held_by)
-        for gpu in self.status.to_json()["mig"]:
+        for gpu in before:
             if gpu not in outcome.states:
                 self.status.remove_mig(gpu)
         for gpu, (state, reason) in outcome.states.items():
             self.status.set_mig(gpu, state, reason)
-            if state is not MigState.APPLIED:
+            # Said once per state, not at every retry of a layout that waits for days.
+            if state is not MigState.APPLIED and before.get(gpu) != {
+                "state": state.value,
+                "reason": reason,
+            }:
                 log.warning("GPU %s MIG layout %s: %s", gpu, state.value, reason)
         if outcome.changed:
             self._inventory = outcome.inventory
@@ -290,15 +303,16 @@ class Daemon:
         return outcome.inventory
 
     def _retry_mig(self) -> None:
-        """While a layout is pending on pods, re-read the config (and PodResources) now and then."""
+        """While a layout is pending on pods, carry out the last good config again now and then
+        (PodResources is asked afresh). Not the file: an edit rejected meanwhile would be
+        rejected again at every retry, and the good config's layout would never be finished."""
         if self._mig_retry is not None and not self._mig_retry.done():
             return
 
         async def retry() -> None:
             while self._mig_pending:
                 await asyncio.sleep(self.options.drain_recheck_s)
-                self.source.trigger("MIG layout pending")
-                await self.next_update()
+                await self._on_update(None)
 
         self._mig_retry = self._tasks.spawn(retry(), name="mig-retry")
 
@@ -364,14 +378,17 @@ class Daemon:
             self._generation += 1
             for warning in (*(loaded.warnings if loaded else ()), *base.warnings):
                 log.warning("config: %s", warning)
-        self.status.set_config(
-            name=name,
-            hash=loaded.source_hash if loaded else "",
-            generation=self._generation,
-        )
-        self.metrics.count_reload(True)
+        retry = reason == _MIG_RETRY
+        if not retry:  # a retry is no reload: it must not clear lastError nor count as one
+            self.status.set_config(
+                name=name,
+                hash=loaded.source_hash if loaded else "",
+                generation=self._generation,
+            )
+            self.metrics.count_reload(True)
         change = await self.supervisor.apply(self._effective(config), self._context(config))
-        log.info(
+        log.log(
+            logging.DEBUG if retry and change.empty else logging.INFO,
             "config %s applied (%s, generation %d): %s",
             name or (loaded.file if loaded else "<default>"),
             reason,

@@ -8,6 +8,7 @@ of MIG calls (what NVML was asked to do), on what kubelet is told, and on `/stat
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Callable
 from pathlib import Path
 
@@ -338,3 +339,44 @@ async def test_without_partitioning_mig_is_never_touched(short_dir: Path, gpus: 
         assert capacity(run) != before  # the reload was applied
         assert run.nvml.mig_calls == []
         assert run.daemon.status.to_json()["mig"] == {}
+
+
+# ---- a pending layout is the last good config's, whatever the file says meanwhile -----------
+
+
+def reloads(run: Running, result: str) -> str:
+    metrics = run.daemon.metrics.render().decode()
+    line = next(li for li in metrics.splitlines() if f'reloads_total{{result="{result}"}}' in li)
+    return line.rsplit(" ", 1)[1]
+
+
+async def test_broken_edit_while_pending_keeps_the_pending_layout_going(
+    short_dir: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    seven = layout("    - devices: [0]\n      profiles: {1g.10gb: 7}\n")
+    async with running(short_dir, layout(A100_AS_IS), gpus=A100) as run:
+        await run.kubelet.admit_pod("trainer", containers={"main": {"nvidia.com/mig-3g.40gb": 2}})
+        run.write(seven)
+        await until(run, lambda: mig_status(run)[MIXED.gpus[0].uuid][0] == "pending")
+        run.write(IMPOSSIBLE)
+        await until(run, lambda: run.daemon.status.last_error is not None)
+        error = run.daemon.status.last_error
+        for _ in range(3):  # retries while the layout waits for the pod
+            await run.daemon.next_update()
+        assert (reloads(run, "ok"), reloads(run, "failed")) == ("2.0", "1.0")
+        said = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+        assert sum("MIG layout pending: waiting for pod" in m for m in said) == 1
+        assert sum("config rejected" in m for m in said) == 1
+
+        run.kubelet.delete_pod("trainer")
+        await until(run, lambda: mig_status(run)[MIXED.gpus[0].uuid] == ("applied", None))
+        made = calls(run)
+        assert {c[1] for c in made} == {0}
+        assert [c for c in made if c[0] == "destroy_gpu_instance"] == [
+            ("destroy_gpu_instance", 0, "3g.40gb", 0),
+            ("destroy_gpu_instance", 0, "2g.20gb", 4),
+        ]
+        status = run.daemon.status.to_json()
+        assert status["lastError"] == error  # the file on disk is still the broken one
+        assert status["config"]["generation"] == 2
+        assert (reloads(run, "ok"), reloads(run, "failed")) == ("2.0", "1.0")
