@@ -1,0 +1,396 @@
+"""Benchmark: the whole daemon, against the in-package kubelet simulator.
+
+1. reload: a ConfigMap mounted as kubelet writes it (`..data` swapped atomically), the real
+   Daemon in-process and the kubelet simulator; each round swaps replicas 4 <-> 5 and is measured
+   from the `..data` rename to the simulator holding the new device list. Then the same for a
+   node-label change on the fake Node API server (two named configs, the label picks one).
+   Goal (DESIGN §5): p50 <= 150 ms, p99 <= 400 ms.
+2. start: `python -m sharing_plugin run` spawned as a process; from the spawn to the simulator
+   (in this process) having every resource registered with its devices. Goal <= 1.5 s. Next to
+   it, `python -c "import sharing_plugin.cli"`: the interpreter-and-import share.
+3. rss: the process serving 7,168 devices (8 A100 x 7 MIG 1g.10gb x 128 replicas); VmRSS once
+   the simulator sees all of them. Goal <= 80 MB. Baseline: an interpreter that only imported
+   the command line.
+4. idle: CPU time of the running process over an idle window after registration, as % of one
+   core (goal ~0), with each thread's share and wake-ups per second, which tell the watchers
+   apart by their period (a watchfiles step of N ms wakes 1000/N times a second).
+
+Run from the repository root: `.venv/bin/python bench/bench_daemon.py` (`--quick` for a short
+run, `--only reload|start|rss` for one part).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests" / "integration"))
+sys.path.insert(0, str(ROOT / "tests" / "e2e"))
+
+from bench_allocate import CONFIG as CONFIG_7168  # noqa: E402
+from bench_allocate import NODE as NODE_7168  # noqa: E402
+from bench_allocate import RESOURCE as RESOURCE_7168  # noqa: E402
+from k8s_fake import ConfigMapVolume, FakeKubeApi  # noqa: E402
+from plugin_process import PluginProcess  # noqa: E402
+
+from sharing_plugin.config.nodelabel import DEFAULT_LABEL, KubeClient  # noqa: E402
+from sharing_plugin.daemon.app import Daemon, RunOptions  # noqa: E402
+from sharing_plugin.kubelet.simulator import KubeletSimulator  # noqa: E402
+
+GPU = "nvidia.com/gpu"
+PRESET = "simulated:dgx-a100-80gb"  # 8 whole GPUs
+NODE = "bench-node"
+TEXT = (
+    "version: v1\n"
+    "sharing:\n"
+    "  timeSlicing:\n"
+    "    resources:\n"
+    "    - name: nvidia.com/gpu\n"
+    "      replicas: {}\n"
+)
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+def quantiles(samples: Sequence[float]) -> str:
+    ordered = sorted(samples)
+    p50 = statistics.median(ordered)
+    p99 = ordered[min(len(ordered) - 1, round(0.99 * (len(ordered) - 1)))]
+    return (
+        f"n={len(ordered)} p50={p50 * 1e3:.1f} ms p99={p99 * 1e3:.1f} ms "
+        f"max={ordered[-1] * 1e3:.1f} ms"
+    )
+
+
+def short_dir(prefix: str) -> Path:
+    # AF_UNIX paths are limited to 108 bytes: keep the kubelet dir short.
+    return Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
+
+
+# --- 1. reload latency, in-process -----------------------------------------------------------
+
+
+def _capacity_is(kubelet: KubeletSimulator, devices: int) -> Callable[[], bool]:
+    return lambda: kubelet.capacity(GPU) == devices
+
+
+async def _swaps(
+    kubelet: KubeletSimulator, rounds: int, change: Callable[[int], float]
+) -> list[float]:
+    """`change(n)` makes the node want `n` replicas per GPU and returns when it did so."""
+    samples = []
+    for n in range(rounds):
+        replicas = 5 if n % 2 == 0 else 4
+        started = change(replicas)
+        await kubelet.wait_for(_capacity_is(kubelet, 8 * replicas), timeout=5)
+        samples.append(time.perf_counter() - started)
+        await asyncio.sleep(0.05)  # independent reloads, not a burst
+    return samples
+
+
+async def bench_reload_swap(rounds: int) -> list[float]:
+    work = short_dir("bd")
+    try:
+        volume = ConfigMapVolume(work / "cm", {"default": TEXT.format(4)})
+        options = RunOptions(config_path=work / "cm", gpus=PRESET, kubelet_dir=work)
+        async with KubeletSimulator(work) as kubelet, Daemon(options):
+            await kubelet.wait_for(lambda: kubelet.capacity(GPU) == 32, timeout=10)
+
+            def swap(replicas: int) -> float:
+                volume.update({"default": TEXT.format(replicas)})
+                return volume.swapped_at
+
+            return await _swaps(kubelet, rounds, swap)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+async def bench_reload_label(rounds: int) -> list[float]:
+    work = short_dir("bd")
+    try:
+        ConfigMapVolume(work / "cm", {"four": TEXT.format(4), "five": TEXT.format(5)})
+        options = RunOptions(config_path=work / "cm", gpus=PRESET, kubelet_dir=work, node_name=NODE)
+        async with FakeKubeApi(NODE, {DEFAULT_LABEL: "four"}) as api:
+            client = KubeClient(base_url=api.url)
+            async with KubeletSimulator(work) as kubelet, Daemon(options, kube_client=client):
+                await kubelet.wait_for(lambda: kubelet.capacity(GPU) == 32, timeout=10)
+                await asyncio.wait_for(api.watch_started.wait(), 5)
+
+                def relabel(replicas: int) -> float:
+                    started = time.perf_counter()
+                    api.set_label(DEFAULT_LABEL, "five" if replicas == 5 else "four")
+                    return started
+
+                return await _swaps(kubelet, rounds, relabel)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+# --- 2-4. the process ------------------------------------------------------------------------
+
+
+def _proc_rss_kib(pid: int) -> dict[str, int]:
+    fields = {}
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        key, _, value = line.partition(":")
+        if key in ("VmRSS", "VmHWM", "RssAnon", "RssFile", "Threads"):
+            fields[key] = int(value.split()[0])
+    return fields
+
+
+def _threads(pid: int) -> dict[int, tuple[str, int, int]]:
+    """tid -> (name, CPU ns, context switches) of every thread of `pid`.
+
+    CPU time comes from schedstat (nanoseconds): /proc's utime+stime count 10 ms ticks, too
+    coarse for a process that should be idle.
+    """
+    out = {}
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            name = (task / "comm").read_text().strip()
+            run_ns = int((task / "schedstat").read_text().split()[0])
+            status = (task / "status").read_text()
+        except OSError:
+            continue  # the thread ended meanwhile
+        switches = sum(
+            int(line.split()[1]) for line in status.splitlines() if "ctxt_switches" in line
+        )
+        out[int(task.name)] = (name, run_ns, switches)
+    return out
+
+
+def _stat_ticks(pid: int) -> int:
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    rest = stat[stat.rindex(")") + 2 :].split()
+    return int(rest[11]) + int(rest[12])  # utime + stime (fields 14 and 15), in clock ticks
+
+
+async def idle_cpu(pid: int, seconds: float) -> tuple[float, float, list[str]]:
+    """CPU use over `seconds` of idleness, as % of one core: from schedstat (ns) and from
+    /proc/PID/stat utime+stime (10 ms ticks); and a line per thread that woke up."""
+    before, ticks_before = _threads(pid), _stat_ticks(pid)
+    started = time.perf_counter()
+    await asyncio.sleep(seconds)
+    after, ticks_after = _threads(pid), _stat_ticks(pid)
+    elapsed = time.perf_counter() - started
+    total_ns = sum(ns for _, ns, _ in after.values()) - sum(
+        ns for tid, (_, ns, _) in before.items() if tid in after
+    )
+    lines = []
+    for tid, (name, run_ns, switches) in sorted(after.items()):
+        _, ns0, switches0 = before.get(tid, (name, 0, 0))
+        wakeups = (switches - switches0) / elapsed
+        if wakeups >= 0.5:
+            role = "main" if tid == pid else "thread"
+            share = 100 * (run_ns - ns0) / 1e9 / elapsed
+            lines.append(f"    {role:6} {name:16} cpu {share:6.3f}%  wake-ups {wakeups:6.1f}/s")
+    by_ticks = 100 * (ticks_after - ticks_before) / CLK_TCK / elapsed
+    return 100 * total_ns / 1e9 / elapsed, by_ticks, lines
+
+
+# `run` with other watchfiles steps for the kubelet-dir watch and the config watch, to see
+# what each costs when idle (argv: kubelet step ms, config step ms, then `run`'s arguments).
+_KNOBS = """
+import sys
+import sharing_plugin.daemon.app as app
+import sharing_plugin.kubelet.watch as watch
+from sharing_plugin.cli import main
+watch.STEP_MS = int(sys.argv[1])
+class ConfigSource(app.ConfigSource):
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **{**kwargs, "step_ms": int(sys.argv[2])})
+app.ConfigSource = ConfigSource
+sys.exit(main(["run", *sys.argv[3:]]))
+"""
+
+
+async def start_plugin(
+    work: Path,
+    args: list[str],
+    resources: dict[str, int],
+    *,
+    steps: tuple[int, int] | None = None,
+) -> tuple[PluginProcess, KubeletSimulator, float]:
+    """Spawn `run` against a fresh simulator in `work`; seconds until `resources` are live.
+    `steps`: (kubelet-dir watch, config watch) watchfiles steps in ms instead of the built-in."""
+    kubelet = KubeletSimulator(work)
+    await kubelet.start()
+    plugin = PluginProcess([*args, "--kubelet-dir", str(work), "--metrics-address", "off"])
+    if steps is not None:
+        plugin.args[1:4] = ["-c", _KNOBS, *map(str, steps)]
+    started = time.perf_counter()
+    await plugin.start()
+
+    def live() -> bool:
+        registered = {r.resource for r in kubelet.registrations}
+        return all(r in registered and kubelet.allocatable(r) == n for r, n in resources.items())
+
+    registered = asyncio.ensure_future(kubelet.wait_for(live, timeout=20))
+    exited = asyncio.ensure_future(plugin.process.wait())
+    await asyncio.wait((registered, exited), return_when=asyncio.FIRST_COMPLETED)
+    took = time.perf_counter() - started
+    exited.cancel()
+    if not registered.done() or registered.exception() is not None:
+        registered.cancel()
+        await asyncio.gather(registered, exited, return_exceptions=True)
+        await stop_plugin(plugin, kubelet)
+        raise RuntimeError(f"the plugin did not register:\n{plugin.stderr()}")
+    await asyncio.gather(exited, return_exceptions=True)
+    return plugin, kubelet, took
+
+
+async def stop_plugin(plugin: PluginProcess, kubelet: KubeletSimulator) -> None:
+    if plugin.process.returncode is None:
+        code = await plugin.stop()
+        if code != 0:
+            print(f"the plugin exited {code}:\n{plugin.stderr()}", file=sys.stderr)
+    await plugin.__aexit__(None, None, None)
+    await kubelet.stop()
+
+
+def python_baseline(code: str, runs: int) -> list[float]:
+    samples = []
+    for _ in range(runs):
+        started = time.perf_counter()
+        subprocess.run([sys.executable, "-c", code], check=True)
+        samples.append(time.perf_counter() - started)
+    return samples
+
+
+def baseline_rss() -> dict[str, int]:
+    code = "import sys, time; import sharing_plugin.cli; print(flush=True); time.sleep(5)"
+    with subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE) as child:
+        assert child.stdout is not None
+        child.stdout.readline()  # imported
+        rss = _proc_rss_kib(child.pid)
+        child.kill()
+    return rss
+
+
+async def bench_start(runs: int, idle_s: float) -> None:
+    work = short_dir("bs")
+    config = work / "config.yaml"
+    config.write_text(TEXT.format(4))
+    samples = []
+    try:
+        for n in range(runs):
+            args = ["--config", str(config), "--gpus", PRESET]
+            plugin, kubelet, took = await start_plugin(work, args, {GPU: 32})
+            samples.append(took)
+            if n == runs - 1:
+                rss = _proc_rss_kib(plugin.pid)
+                await asyncio.sleep(1.0)  # let start-up work settle
+                cpu, by_ticks, lines = await idle_cpu(plugin.pid, idle_s)
+            await stop_plugin(plugin, kubelet)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    print(f"start -> registered (32 devices, preset):  {_seconds(samples)}")
+    print(f"  RSS after registration: {_kib(rss)}")
+    print(f"  idle CPU over {idle_s:g} s: {cpu:.3f}% of a core (utime+stime: {by_ticks:.2f}%)")
+    print("\n".join(lines))
+    imports = python_baseline("import sharing_plugin.cli", runs)
+    bare = python_baseline("pass", runs)
+    print(f"python -c 'import sharing_plugin.cli':    {_seconds(imports)}")
+    print(f"python -c 'pass':                         {_seconds(bare)}")
+
+
+async def bench_rss(runs: int, idle_s: float) -> None:
+    work = short_dir("br")
+    node, config = work / "node.yaml", work / "config.yaml"
+    node.write_text(NODE_7168)
+    config.write_text(json.dumps(CONFIG_7168))  # JSON is YAML
+    samples = []
+    try:
+        for n in range(runs):
+            args = ["--config", str(config), "--gpus", f"simulated:{node}"]
+            plugin, kubelet, took = await start_plugin(work, args, {RESOURCE_7168: 7168})
+            samples.append(took)
+            if n == runs - 1:
+                rss = _proc_rss_kib(plugin.pid)
+                await asyncio.sleep(1.0)
+                cpu, by_ticks, lines = await idle_cpu(plugin.pid, idle_s)
+                steady = _proc_rss_kib(plugin.pid)
+            await stop_plugin(plugin, kubelet)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    print(f"start -> registered (7,168 devices, node file): {_seconds(samples)}")
+    print(f"  RSS after registration: {_kib(rss)}")
+    print(f"  RSS after {idle_s:g} s idle:    {_kib(steady)}")
+    print(f"  idle CPU over {idle_s:g} s: {cpu:.3f}% of a core (utime+stime: {by_ticks:.2f}%)")
+    print("\n".join(lines))
+    print(f"python -c 'import sharing_plugin.cli' (sleeping): {_kib(baseline_rss())}")
+
+
+async def bench_knobs(idle_s: float) -> None:
+    """Idle CPU of the preset node's process for a few watchfiles steps of the two watchers."""
+    work = short_dir("bk")
+    config = work / "config.yaml"
+    config.write_text(TEXT.format(4))
+    try:
+        for steps in ((10, 20), (20, 20), (50, 20), (10, 50), (50, 50), (100, 100)):
+            args = ["--config", str(config), "--gpus", PRESET]
+            plugin, kubelet, _ = await start_plugin(work, args, {GPU: 32}, steps=steps)
+            await asyncio.sleep(1.0)
+            cpu, _, lines = await idle_cpu(plugin.pid, idle_s)
+            await stop_plugin(plugin, kubelet)
+            watchers = ", ".join(line.split("cpu")[1].strip() for line in lines if "python" in line)
+            print(
+                f"kubelet-dir step {steps[0]:3} ms, config step {steps[1]:3} ms: idle CPU "
+                f"{cpu:.3f}%  [{watchers}]"
+            )
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _seconds(samples: Sequence[float]) -> str:
+    ordered = sorted(samples)
+    return (
+        f"n={len(ordered)} median={statistics.median(ordered) * 1e3:.0f} ms "
+        f"min={ordered[0] * 1e3:.0f} ms max={ordered[-1] * 1e3:.0f} ms"
+    )
+
+
+def _kib(fields: dict[str, int]) -> str:
+    mb = {k: f"{v / 1024:.1f} MiB" for k, v in fields.items() if k != "Threads"}
+    return ", ".join(f"{k} {v}" for k, v in mb.items()) + f", {fields.get('Threads')} threads"
+
+
+async def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--quick", action="store_true", help="fewer rounds and runs, 2 s idle")
+    parser.add_argument("--only", choices=("reload", "start", "rss", "knobs"))
+    parser.add_argument("--rounds", type=int, default=100, help="reloads of each kind")
+    parser.add_argument("--runs", type=int, default=10, help="process starts")
+    parser.add_argument("--idle-s", type=float, default=10.0)
+    args = parser.parse_args()
+    rounds, runs, idle_s = (20, 3, 2.0) if args.quick else (args.rounds, args.runs, args.idle_s)
+    # The simulator logs, as kubelet does, when a plugin's stream ends at its shutdown.
+    logging.basicConfig(level=logging.ERROR)
+    load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
+    print(f"{os.cpu_count()} CPUs, load average {load}, Python {sys.version.split()[0]}")
+    if args.only in (None, "reload"):
+        swap = await bench_reload_swap(rounds)
+        print(f"configmap ..data swap -> kubelet holds new list: {quantiles(swap)}")
+        label = await bench_reload_label(rounds)
+        print(f"node label change -> kubelet holds new list:     {quantiles(label)}")
+    if args.only in (None, "start"):
+        await bench_start(runs, idle_s)
+    if args.only in (None, "rss"):
+        await bench_rss(max(1, runs // 3), idle_s)
+    if args.only == "knobs":
+        await bench_knobs(idle_s)
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
