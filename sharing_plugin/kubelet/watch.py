@@ -28,10 +28,11 @@ from sharing_plugin.kubelet.api.constants import DEVICE_PLUGINS_DIR, KUBELET_SOC
 log = logging.getLogger(__name__)
 
 # A kubelet restart is a burst (kubelet.sock removed, plugin sockets removed, kubelet.sock
-# created) within a few milliseconds; 50 ms groups it into one batch without delaying the
-# re-registration noticeably.
-DEBOUNCE_MS = 50
-STEP_MS = 10
+# created) within a few milliseconds; 100 ms groups it into one batch without delaying the
+# re-registration noticeably. watchfiles wakes once per step even when nothing happens, so the
+# step is what an idle plugin pays: 100 ms is 10 wake-ups a second for an event that is rare.
+DEBOUNCE_MS = 100
+STEP_MS = 100
 # Back-off after the watch itself fails (directory removed under us, permission trouble).
 _BACKOFF_S = (0.1, 0.5, 1.0, 2.0, 5.0)
 
