@@ -71,7 +71,21 @@ async def until(run: Running, condition: Callable[[], bool], *, within: float = 
             await run.daemon.next_update()
 
 
+async def reload(run: Running, text: str) -> None:
+    """Edit the config file and wait until the daemon has handled the edit.
+
+    Only where no MIG retry runs: the next handled update is then the edit's.
+    """
+    run.write(text)
+    await run.daemon.next_update()
+
+
 async def wait_capacity(run: Running, expected: dict[str, int]) -> None:
+    """Once the daemon has handled a change: wait for kubelet to catch up with it.
+
+    (Kubelet may see a new resource before the daemon records it as advertised, and nothing
+    on kubelet's side changes after that; hence only after the daemon is done.)
+    """
     await run.kubelet.wait_for(lambda: capacity(run) == expected, timeout=5)
     await run.settled()
 
@@ -142,7 +156,7 @@ async def test_reload_touches_only_the_differing_instances(short_dir: Path) -> N
         kept = set(run.kubelet.devices("nvidia.com/mig-3g.40gb"))
         before = capacity(run)
 
-        run.write(layout("    - devices: [0]\n      profiles: {3g.40gb: 1, 1g.10gb: 3}\n"))
+        await reload(run, layout("    - devices: [0]\n      profiles: {3g.40gb: 1, 1g.10gb: 3}\n"))
         await wait_capacity(
             run,
             {
@@ -169,7 +183,7 @@ async def test_h200_reload_keeps_the_slices_it_can(short_dir: Path) -> None:
         assert capacity(run) == {"nvidia.com/gpu": 7, "nvidia.com/mig-1g.18gb": 7}
         seven = set(run.kubelet.devices("nvidia.com/mig-1g.18gb"))
 
-        run.write(layout("    - devices: [0]\n      profiles: {3g.71gb: 1, 1g.18gb: 4}\n"))
+        await reload(run, layout("    - devices: [0]\n      profiles: {3g.71gb: 1, 1g.18gb: 4}\n"))
         await wait_capacity(
             run,
             {"nvidia.com/gpu": 7, "nvidia.com/mig-1g.18gb": 4, "nvidia.com/mig-3g.71gb": 1},
@@ -198,8 +212,8 @@ async def test_held_instance_blocks_its_gpu_until_the_pod_is_deleted(short_dir: 
         before = capacity(run)
 
         # Seven 1g.10gb need the 3g.40gb's slices on both GPUs: the free one goes ahead.
-        run.write(layout("    - devices: [0, 1]\n      profiles: {1g.10gb: 7}\n"))
-        await until(run, lambda: mig_status(run).get(free.uuid) == ("applied", None))
+        await reload(run, layout("    - devices: [0, 1]\n      profiles: {1g.10gb: 7}\n"))
+        assert mig_status(run)[free.uuid] == ("applied", None)
         state, reason = mig_status(run)[busy.uuid]
         assert state == "pending"
         assert reason is not None and reason.startswith(
@@ -315,7 +329,7 @@ async def test_time_slicing_on_a_declared_h200_layout(short_dir: Path) -> None:
         assert visible == list(dict.fromkeys(i.split("::")[0] for i in given.device_ids))
         assert all(v.startswith("MIG-") for v in visible)
 
-        run.write(sliced_mig(4))  # more replicas: a sharing change, nothing for NVML to do
+        await reload(run, sliced_mig(4))  # more replicas: a sharing change, nothing for NVML to do
         await wait_capacity(run, {"nvidia.com/gpu": 7, "nvidia.com/mig-1g.18gb": 28})
         assert ids < set(run.kubelet.devices("nvidia.com/mig-1g.18gb"))
         assert calls(run) == []
@@ -356,7 +370,7 @@ async def test_broken_edit_while_pending_keeps_the_pending_layout_going(
     seven = layout("    - devices: [0]\n      profiles: {1g.10gb: 7}\n")
     async with running(short_dir, layout(A100_AS_IS), gpus=A100) as run:
         await run.kubelet.admit_pod("trainer", containers={"main": {"nvidia.com/mig-3g.40gb": 2}})
-        run.write(seven)
+        await reload(run, seven)
         await until(run, lambda: mig_status(run)[MIXED.gpus[0].uuid][0] == "pending")
         run.write(IMPOSSIBLE)
         await until(run, lambda: run.daemon.status.last_error is not None)
@@ -380,3 +394,50 @@ async def test_broken_edit_while_pending_keeps_the_pending_layout_going(
         assert status["lastError"] == error  # the file on disk is still the broken one
         assert status["config"]["generation"] == 2
         assert (reloads(run, "ok"), reloads(run, "failed")) == ("2.0", "1.0")
+
+
+async def test_held_replica_of_a_time_sliced_instance_blocks_it_too(short_dir: Path) -> None:
+    async with running(short_dir, sliced_mig(2), gpus=H200) as run:
+        calls(run)
+        pod = await run.kubelet.admit_pod("infer", containers={"c": {"nvidia.com/mig-1g.18gb": 1}})
+        (replica,) = pod.device_ids("c", "nvidia.com/mig-1g.18gb")
+        whole = layout("    - devices: [0]\n      profiles: {7g.141gb: 1}\n")
+
+        await reload(run, whole)
+        await until(run, lambda: mig_status(run)[HGX.gpus[0].uuid][0] == "pending")
+        reason = mig_status(run)[HGX.gpus[0].uuid][1] or ""
+        mig = replica.split("::")[0]  # the instance is what waits, whichever replica is held
+        assert reason.startswith(f"waiting for pod default/infer to release {mig}, ")
+        assert calls(run) == []
+
+        run.kubelet.delete_pod("infer")
+        await until(run, lambda: mig_status(run)[HGX.gpus[0].uuid] == ("applied", None))
+        assert calls(run) == [
+            *(c for start in range(7) for c in destroyed(0, "1g.18gb", start)),
+            *created(0, "7g.141gb", 0),
+        ]
+        await wait_capacity(run, {"nvidia.com/gpu": 7, "nvidia.com/mig-7g.141gb": 1})
+
+
+async def test_removing_partitioning_leaves_the_layout_and_clears_its_status(
+    short_dir: Path,
+) -> None:
+    start = layout("    - devices: [3]\n      profiles: {7g.80gb: 1}\n")
+    async with running(short_dir, start, gpus=A100) as run:
+        calls(run)
+        before = capacity(run)
+        await reload(run, "version: v1\nflags:\n  migStrategy: mixed\n")
+        assert mig_status(run) == {}
+        await run.settled()
+        assert calls(run) == [] and capacity(run) == before
+
+
+async def test_impossible_layout_at_start_advertises_nothing_until_fixed(short_dir: Path) -> None:
+    async with running(short_dir, IMPOSSIBLE, gpus=A100, wait_ready=False) as run:
+        error = run.daemon.status.last_error or ""
+        assert "partitioning.mig[1].profiles: GPU 4" in error and "does not allow" in error
+        assert calls(run) == [] and capacity(run) == {}
+        await reload(run, layout("    - devices: [3]\n      profiles: {7g.80gb: 1}\n"))
+        await run.settled()
+        assert calls(run) == created(3, "7g.80gb", 0)
+        assert run.daemon.status.last_error is None
