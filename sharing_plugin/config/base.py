@@ -1,0 +1,140 @@
+"""What every config section is built from: the strict base model, enums, limits, field types.
+
+Sections live in several modules but must read alike: frozen, camelCase keys as the reference
+plugin writes them, unknown keys refused, strict scalars (`"true"` is not a bool, `2.0` is not an
+int, because the reference's Go decoder refuses those too). Keeping the base, the strategy enums
+and the shared field types in one place is what keeps them alike.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Annotated, Any
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PlainSerializer,
+    PlainValidator,
+    StrictInt,
+    StrictStr,
+    WithJsonSchema,
+)
+from pydantic.alias_generators import to_camel
+from pydantic_core import PydanticCustomError
+
+from sharing_plugin.config.devices import (
+    DEVICES_JSON_SCHEMA,
+    DeviceSelection,
+    dump_devices,
+    parse_devices,
+)
+from sharing_plugin.config.names import RESOURCE_NAME_PATTERN, normalise_resource_name
+
+__all__ = [
+    "DEFAULT_IGNORED_XIDS",
+    "MAX_DEVICES_PER_RESOURCE",
+    "MIG_PROFILE_PATTERN",
+    "AllocationPolicy",
+    "DeviceDiscoveryStrategy",
+    "DeviceIdStrategy",
+    "DeviceListStrategy",
+    "Devices",
+    "EventType",
+    "MigStrategy",
+    "ResourceName",
+    "SharingKind",
+    "Strict",
+    "Xid",
+    "strict_str",
+]
+
+DEFAULT_IGNORED_XIDS: tuple[int, ...] = (13, 31, 43, 45, 68, 109)
+MAX_DEVICES_PER_RESOURCE = 60_000  # kubelet's 4 MiB ListAndWatch limit at ~59 bytes per device
+MIG_PROFILE_PATTERN = r"^[1-8]g\.[0-9]+gb(\+[a-z]+)*$"
+
+
+class Strict(BaseModel):
+    """Base of every config section: frozen, camelCase keys, unknown keys rejected."""
+
+    model_config = ConfigDict(
+        alias_generator=to_camel,
+        populate_by_name=True,
+        extra="forbid",
+        frozen=True,
+        use_attribute_docstrings=True,
+        field_title_generator=lambda name, info: info.alias or to_camel(name),
+    )
+
+
+class MigStrategy(StrEnum):
+    NONE = "none"
+    SINGLE = "single"
+    MIXED = "mixed"
+
+
+class DeviceListStrategy(StrEnum):
+    ENVVAR = "envvar"
+    VOLUME_MOUNTS = "volume-mounts"
+    CDI_ANNOTATIONS = "cdi-annotations"
+    CDI_CRI = "cdi-cri"
+
+
+class DeviceIdStrategy(StrEnum):
+    UUID = "uuid"
+    INDEX = "index"
+
+
+class AllocationPolicy(StrEnum):
+    DISTRIBUTED = "distributed"
+    PACKED = "packed"
+
+
+class DeviceDiscoveryStrategy(StrEnum):
+    AUTO = "auto"
+    NVML = "nvml"
+    TEGRA = "tegra"
+
+
+class EventType(StrEnum):
+    """NVML event types the reference plugin's `health.eventTypes` may list."""
+
+    XID_CRITICAL_ERROR = "EventTypeXidCriticalError"
+    DOUBLE_BIT_ECC_ERROR = "EventTypeDoubleBitEccError"
+    SINGLE_BIT_ECC_ERROR = "EventTypeSingleBitEccError"
+
+
+class SharingKind(StrEnum):
+    NONE = "none"
+    TIME_SLICING = "time-slicing"
+    MPS = "mps"
+
+
+def strict_str(value: Any) -> str:
+    """A plain validator's own string check: it replaces pydantic's, so it must refuse non-str."""
+    if not isinstance(value, str):
+        raise PydanticCustomError("string_type", "Input should be a valid string")
+    return value
+
+
+ResourceName = Annotated[
+    StrictStr,
+    PlainValidator(lambda v: normalise_resource_name(strict_str(v))),
+    WithJsonSchema(
+        {
+            "type": "string",
+            "pattern": RESOURCE_NAME_PATTERN,
+            "description": "An extended resource name; without '/' it gets 'nvidia.com/'.",
+        }
+    ),
+]
+
+Devices = Annotated[
+    DeviceSelection,
+    PlainValidator(parse_devices),
+    PlainSerializer(dump_devices),
+    WithJsonSchema(DEVICES_JSON_SCHEMA),
+]
+
+Xid = Annotated[StrictInt, Field(ge=0)]

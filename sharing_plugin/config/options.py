@@ -1,0 +1,161 @@
+"""The sections that say how the plugin runs, not what it advertises: flags, health, imex.
+
+Most keys here come from the reference plugin's command line and are kept so that its configs
+load unchanged; those we cannot honour are accepted and reported as having no effect rather than
+refused. Health accepts both our spellings and the reference's newer ones and folds them into
+ours once, during validation, so later code reads one meaning.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from pydantic import Field, StrictBool, StrictInt, StrictStr, model_validator
+
+from sharing_plugin.config import rules
+from sharing_plugin.config.base import (
+    DEFAULT_IGNORED_XIDS,
+    AllocationPolicy,
+    DeviceIdStrategy,
+    DeviceListStrategy,
+    EventType,
+    MigStrategy,
+    Strict,
+    Xid,
+)
+from sharing_plugin.config.compat import (
+    CriticalXids,
+    DeviceListStrategies,
+    DiscoveryStrategy,
+    GoDuration,
+)
+
+__all__ = ["Flags", "GfdFlags", "Health", "Imex", "PluginFlags"]
+
+
+class PluginFlags(Strict):
+    """Options of the device plugin itself (`flags.plugin`)."""
+
+    pass_device_specs: StrictBool = False
+    """Also answer Allocate with device nodes (needed with the CPU manager)."""
+    device_list_strategy: DeviceListStrategies = (DeviceListStrategy.ENVVAR,)
+    """How containers are told their devices: one strategy or a list of them."""
+    device_id_strategy: DeviceIdStrategy = Field(DeviceIdStrategy.UUID, alias="deviceIDStrategy")
+    """Tell containers GPU UUIDs or indices (advertised IDs are always UUID based)."""
+    cdi_annotation_prefix: StrictStr = "cdi.k8s.io/"
+    """Prefix of the CDI annotations (cdi-annotations strategy)."""
+    nvidia_ctk_path: StrictStr | None = Field(None, alias="nvidiaCTKPath")
+    """Accepted for compatibility; has no effect here."""
+    container_driver_root: StrictStr = "/driver-root"
+    """Where the driver root is mounted inside the plugin container."""
+    shared_devices_allocation_policy: AllocationPolicy = AllocationPolicy.DISTRIBUTED
+    """How replicas are picked: spread over GPUs (distributed) or fill one GPU first (packed)."""
+    kubelet_socket: StrictStr | None = None
+    """Accepted for compatibility; has no effect here (use --kubelet-dir)."""
+    cdi_feature_flags: StrictStr | None = Field(None, alias="cdiFeatureFlags")
+    """Accepted for compatibility; has no effect here."""
+
+
+class GfdFlags(Strict):
+    """Options of gpu-feature-discovery; accepted for compatibility, no effect here."""
+
+    oneshot: StrictBool | None = None
+    no_timestamp: StrictBool | None = None
+    sleep_interval: GoDuration = None
+    output_file: StrictStr | None = None
+    machine_type_file: StrictStr | None = None
+
+
+class Flags(Strict):
+    """Options shared with the reference plugin's command line."""
+
+    mig_strategy: MigStrategy = MigStrategy.NONE
+    """How MIG devices are advertised: none, single (as nvidia.com/gpu) or mixed (per profile)."""
+    fail_on_init_error: StrictBool = True
+    """Exit when GPUs cannot be initialised (false: log and wait)."""
+    nvidia_driver_root: StrictStr = "/"
+    """Root of the NVIDIA driver installation on the host."""
+    nvidia_dev_root: StrictStr = "/"
+    """Root under which the NVIDIA device nodes live on the host (default: nvidiaDriverRoot)."""
+    mps_root: StrictStr = "/run/nvidia/mps"
+    """Host directory for the MPS control daemon's pipes and logs."""
+    restart_on_device_unhealthy: StrictBool | None = None
+    """Accepted for compatibility; has no effect here (unhealthy devices are reported)."""
+    gdrcopy_enabled: StrictBool | None = None
+    """Accepted for compatibility; has no effect here."""
+    gds_enabled: StrictBool | None = None
+    """Accepted for compatibility; has no effect here."""
+    mofed_enabled: StrictBool | None = None
+    """Accepted for compatibility; has no effect here."""
+    use_node_feature_api: StrictBool | None = Field(None, alias="useNodeFeatureAPI")
+    """Accepted for compatibility; has no effect here."""
+    device_discovery_strategy: DiscoveryStrategy = None
+    """Accepted for compatibility; has no effect here (devices are found through NVML)."""
+    plugin: PluginFlags = PluginFlags()
+    gfd: GfdFlags | None = None
+    """gpu-feature-discovery options: accepted for compatibility; no effect here."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _dev_root_follows_driver_root(cls, data: Any) -> Any:
+        # As in the reference: device nodes live under the driver root unless told otherwise.
+        if isinstance(data, dict) and not {"nvidiaDevRoot", "nvidia_dev_root"} & data.keys():
+            root = data.get("nvidiaDriverRoot", data.get("nvidia_driver_root"))
+            if isinstance(root, str):
+                return {**data, "nvidiaDevRoot": root}
+        return data
+
+
+class Health(Strict):
+    """GPU health checking through NVML Xid events.
+
+    Our keys (`enabled`, `ignoredXids`) and the reference's newer ones (`disabled`,
+    `ignoredXIDs`, `criticalXIDs`, `eventTypes`) are both accepted and resolved here, once:
+    afterwards `enabled`, `ignored_xids` and `critical_xids` say everything, and `disabled`
+    and `ignored_xids_reference` are always None.
+    """
+
+    enabled: StrictBool = True
+    """Watch Xid events and mark affected devices Unhealthy."""
+    ignored_xids: tuple[Xid, ...] = DEFAULT_IGNORED_XIDS
+    """Xids that are application errors, not GPU faults."""
+    critical_xids: CriticalXids = Field(None, alias="criticalXIDs")
+    """Which Xids mark a GPU Unhealthy: all (absent) or only the listed ones."""
+    event_types: tuple[EventType, ...] | None = None
+    """NVML event types to watch (reference plugin); Xid critical errors are watched here."""
+    disabled: StrictBool | None = None
+    """The reference's spelling of enabled: false."""
+    ignored_xids_reference: tuple[Xid, ...] | None = Field(None, alias="ignoredXIDs")
+    """The reference's spelling of ignoredXids."""
+    recovery_quiet_period_seconds: Annotated[StrictInt, Field(ge=0)] = 60
+    """An Unhealthy device is Healthy again once NVML answers and no fault came for this long."""
+    recovery_check_seconds: Annotated[StrictInt, Field(ge=1)] = 30
+    """First recheck of an Unhealthy device; the delay doubles while NVML does not answer."""
+    recovery_check_max_seconds: Annotated[StrictInt, Field(ge=1)] = 300
+    """Longest delay between two rechecks of an Unhealthy device."""
+
+    @model_validator(mode="after")
+    def _resolve(self) -> Health:
+        resolved = rules.resolve_health(self)
+        rules.raise_issues(resolved.issues)
+        if self.recovery_check_max_seconds < self.recovery_check_seconds:
+            rules.raise_issues(
+                [
+                    rules.Issue(
+                        ("recoveryCheckMaxSeconds",),
+                        f"must be >= recoveryCheckSeconds ({self.recovery_check_seconds}); "
+                        f"got {self.recovery_check_max_seconds}",
+                    )
+                ]
+            )
+        # Still inside validation, before anyone holds the instance: the one place the frozen
+        # model is written, so that no later code sees the reference's spellings.
+        self.__dict__.update(resolved.update)
+        return self
+
+
+class Imex(Strict):
+    """IMEX channels (reference plugin); accepted for compatibility, no effect here."""
+
+    channel_ids: tuple[StrictInt, ...] = Field((), alias="channelIDs")
+    required: StrictBool = False
