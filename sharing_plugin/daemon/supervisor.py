@@ -91,19 +91,23 @@ class Supervisor:
         # Allocate settings (flags) may change without any device change.
         for name in change.unchanged:
             self._servers[name].update(self._servers[name].resource, context)
-        for resource in change.start:
-            server = ResourceServer(
+        started = [
+            ResourceServer(
                 kubelet_dir=self._kubelet_dir,
                 resource=resource,
                 context=context,
                 metrics=self._metrics,
             )
-            await server.start()
-            self._servers[resource.name] = server
-            await self._register(server)
+            for resource in change.start
+        ]
+        self._servers.update((server.name, server) for server in started)
+        # Recorded before registering: kubelet may hold a new resource's list before Register
+        # returns, and whoever compares the two must already see the new plan.
         self._advertised = effective
         draining = draining_ids(effective, plan)
         self._report(effective, draining)
+        for server in started:
+            await self._register(server)
         if not change.empty:
             log.info("applied plan: %s", change.describe())
         if draining:
@@ -137,9 +141,11 @@ class Supervisor:
         log.info("stopped resource %s", name)
 
     async def _register(self, server: ResourceServer) -> bool:
+        """Listen (when not yet) and register; a failure is logged and retried with backoff."""
         try:
+            await server.start()
             await server.register()
-        except KubeletError as exc:
+        except (KubeletError, OSError) as exc:
             log.warning("registering %s with kubelet failed: %s (will retry)", server.name, exc)
             self._status.set_registered(server.name, False)
             self._retry_registration(server)
@@ -162,7 +168,7 @@ class Supervisor:
                             return
                         try:
                             await server.register()
-                        except KubeletError as exc:
+                        except (KubeletError, OSError) as exc:
                             log.debug("registration of %s still failing: %s", server.name, exc)
                         else:
                             self._status.set_registered(server.name, True)
@@ -196,7 +202,7 @@ class Supervisor:
         self._status.set_registered(server.name, False)
         try:
             await server.restart()
-        except KubeletError as exc:
+        except (KubeletError, OSError) as exc:
             log.warning("re-registering %s failed: %s (will retry)", server.name, exc)
         self._status.set_registered(server.name, server.registered)
         if not server.registered:
