@@ -29,6 +29,7 @@ from sharing_plugin.config.model import Config
 from sharing_plugin.config.nodelabel import KubeClient, NodeLabelWatcher
 from sharing_plugin.config.source import ConfigSource, ConfigUpdate
 from sharing_plugin.daemon.health import HealthEnv, HealthMonitor
+from sharing_plugin.daemon.layouts import MigLayouts
 from sharing_plugin.daemon.mig import MigReconciler
 from sharing_plugin.daemon.supervisor import Supervisor
 from sharing_plugin.daemon.tasks import TaskOwner
@@ -38,10 +39,9 @@ from sharing_plugin.gpus.nvml import backend_from_spec, discover
 from sharing_plugin.kubelet.podresources import PodResourcesClient
 from sharing_plugin.kubelet.server import AllocateContext
 from sharing_plugin.kubelet.watch import KubeletWatcher
-from sharing_plugin.mig.desired import mig_actions
 from sharing_plugin.observability.http_server import MetricsServer
 from sharing_plugin.observability.metrics import Metrics
-from sharing_plugin.observability.status import MigState, StatusBoard
+from sharing_plugin.observability.status import StatusBoard
 from sharing_plugin.plan import CONTROL_DEVICE_NODES, plan
 from sharing_plugin.plan.model import Plan
 
@@ -96,9 +96,7 @@ class Daemon:
         self._base_plan: Plan | None = None
         self._metrics_server: MetricsServer | None = None
         self._health_monitor: HealthMonitor | None = None
-        self._mig: MigReconciler | None = None
-        self._mig_pending = False
-        self._mig_retry: asyncio.Task[None] | None = None
+        self._layouts: MigLayouts | None = None
         self._label_watcher: NodeLabelWatcher | None = None
         self.source = ConfigSource(
             options.config_path,
@@ -145,7 +143,17 @@ class Daemon:
             await self._metrics_server.start()
         await self._start_label_watch()
         self.nvml = self._nvml if self._nvml is not None else backend_from_spec(self.options.gpus)
-        self._mig = MigReconciler(self.nvml, metrics=self.metrics)
+        self._layouts = MigLayouts(
+            MigReconciler(self.nvml, metrics=self.metrics),
+            status=self.status,
+            pod_resources=self.pod_resources,
+            tasks=self._tasks,
+            # A pending layout is retried with the last good config, not the file: an edit
+            # rejected meanwhile would be rejected again at every retry, and the good config's
+            # layout would never be finished.
+            retry=lambda: self._on_update(None),
+            retry_s=self.options.drain_recheck_s,
+        )
         described = self.options.health_env.describe()
         if described:
             log.info("health checks: %s", described)
@@ -269,53 +277,14 @@ class Daemon:
         return "\n".join(problem_line(p, file=file, config_name=name) for p in error.problems)
 
     async def _partition(self, config: Config, inventory: Inventory) -> Inventory:
-        """Make the GPUs' MIG layout match `partitioning.mig`; the node as it is afterwards.
-
-        An impossible layout rejects the whole config before anything is touched; a layout
-        waiting for pods to release instances is pending, and retried while it waits.
-        """
-        problems = mig_actions(config, inventory).problems
-        if problems:
-            raise PlanError(problems)
-        assert self._mig is not None
-        before = self.status.to_json()["mig"]
-        if config.partitioning is None and not before:
-            return inventory
-        held_by = await self.pod_resources.held_by()
-        outcome = await self._mig.reconcile(config, inventory, held_by)
-        for gpu in before:
-            if gpu not in outcome.states:
-                self.status.remove_mig(gpu)
-        for gpu, (state, reason) in outcome.states.items():
-            self.status.set_mig(gpu, state, reason)
-            # Said once per state, not at every retry of a layout that waits for days.
-            if state is not MigState.APPLIED and before.get(gpu) != {
-                "state": state.value,
-                "reason": reason,
-            }:
-                log.warning("GPU %s MIG layout %s: %s", gpu, state.value, reason)
-        if outcome.changed:
-            self._inventory = outcome.inventory
+        """Make the GPUs' MIG layout match `partitioning.mig`; the node as it is afterwards."""
+        assert self._layouts is not None
+        inventory, changed = await self._layouts.apply(config, inventory)
+        if changed:
+            self._inventory = inventory
             if self._health_monitor is not None:
-                self._health_monitor.update_inventory(outcome.inventory)
-        self._mig_pending = any(s is MigState.PENDING for s, _ in outcome.states.values())
-        if self._mig_pending:
-            self._retry_mig()
-        return outcome.inventory
-
-    def _retry_mig(self) -> None:
-        """While a layout is pending on pods, carry out the last good config again now and then
-        (PodResources is asked afresh). Not the file: an edit rejected meanwhile would be
-        rejected again at every retry, and the good config's layout would never be finished."""
-        if self._mig_retry is not None and not self._mig_retry.done():
-            return
-
-        async def retry() -> None:
-            while self._mig_pending:
-                await asyncio.sleep(self.options.drain_recheck_s)
-                await self._on_update(None)
-
-        self._mig_retry = self._tasks.spawn(retry(), name="mig-retry")
+                self._health_monitor.update_inventory(inventory)
+        return inventory
 
     def _ensure_health_monitor(self, config: Config, inventory: Inventory) -> None:
         settings = self.options.health_env.settings(config.health)

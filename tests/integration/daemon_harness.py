@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import asyncio
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -11,6 +12,14 @@ from typing import Any
 from sharing_plugin.daemon.app import Daemon, RunOptions
 from sharing_plugin.gpus.nvml import backend_from_spec
 from sharing_plugin.kubelet.simulator import KubeletSimulator
+
+
+async def eventually(predicate: Callable[[], bool], within: float = 5.0) -> None:
+    """Wait for a condition on the daemon's own state, which has no change notification of its
+    own (kubelet-side conditions use the simulator's `wait_for`, which is event-driven)."""
+    async with asyncio.timeout(within):
+        while not predicate():  # noqa: ASYNC110 -- the daemon's state has no event to wait on
+            await asyncio.sleep(0.01)
 
 
 @dataclass

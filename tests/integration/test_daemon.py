@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
-from daemon_harness import running
+from daemon_harness import eventually, running
 
 from sharing_plugin.config import load_configs
 from sharing_plugin.daemon.app import Daemon, RunOptions
@@ -80,7 +80,7 @@ async def test_plugin_started_before_kubelet_registers_once_kubelet_appears(
         assert not daemon.status.ready
         async with KubeletSimulator(short_dir, grace_period=0.2) as kubelet:
             await kubelet.wait_for(lambda: kubelet.capacity("nvidia.com/gpu") == 8, timeout=10)
-            await kubelet.wait_for(lambda: daemon.status.ready, timeout=5)
+            await eventually(lambda: daemon.status.ready)
 
 
 async def test_close_removes_every_socket_and_kubelet_sees_nothing(short_dir: Path) -> None:

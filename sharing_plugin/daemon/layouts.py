@@ -1,0 +1,92 @@
+"""Keeping the node's MIG layout in step with each config's `partitioning.mig`.
+
+Before a config is planned, its declared layouts are checked against the node (an impossible
+one rejects the config before anything is touched), then carried out through the reconciler
+with what PodResources says pods hold. A layout that must wait for a pod to release an instance
+is pending: it is retried every `retry_s` seconds, through the daemon's own update path, until
+it is applied or a new config replaces it. The state of every GPU goes to /status; a pending or
+failing state is logged once per change, not at every retry of a layout that waits for days.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+
+from sharing_plugin.config.model import Config
+from sharing_plugin.daemon.mig import MigReconciler
+from sharing_plugin.daemon.tasks import TaskOwner
+from sharing_plugin.errors import PlanError
+from sharing_plugin.gpus.inventory import Inventory
+from sharing_plugin.kubelet.podresources import PodResourcesClient
+from sharing_plugin.mig.desired import mig_actions
+from sharing_plugin.observability.status import MigState, StatusBoard
+
+log = logging.getLogger(__name__)
+
+
+class MigLayouts:
+    """Applies declared MIG layouts and retries the pending ones."""
+
+    def __init__(
+        self,
+        reconciler: MigReconciler,
+        *,
+        status: StatusBoard,
+        pod_resources: PodResourcesClient,
+        tasks: TaskOwner,
+        retry: Callable[[], Awaitable[None]],
+        retry_s: float,
+    ) -> None:
+        self._reconciler = reconciler
+        self._status = status
+        self._pod_resources = pod_resources
+        self._tasks = tasks
+        self._retry = retry
+        self._retry_s = retry_s
+        self._pending = False
+        self._retrying: asyncio.Task[None] | None = None
+
+    @property
+    def pending(self) -> bool:
+        return self._pending
+
+    async def apply(self, config: Config, inventory: Inventory) -> tuple[Inventory, bool]:
+        """Make the GPUs match `config`; returns the node as it is now and whether it changed.
+
+        Raises PlanError (nothing touched) when a declared layout cannot fit its GPU.
+        """
+        problems = mig_actions(config, inventory).problems
+        if problems:
+            raise PlanError(problems)
+        before = self._status.to_json()["mig"]
+        if config.partitioning is None and not before:
+            return inventory, False
+        held_by = await self._pod_resources.held_by()
+        outcome = await self._reconciler.reconcile(config, inventory, held_by)
+        for gpu in before:
+            if gpu not in outcome.states:
+                self._status.remove_mig(gpu)
+        for gpu, (state, reason) in outcome.states.items():
+            self._status.set_mig(gpu, state, reason)
+            if state is not MigState.APPLIED and before.get(gpu) != {
+                "state": state.value,
+                "reason": reason,
+            }:
+                log.warning("GPU %s MIG layout %s: %s", gpu, state.value, reason)
+        self._pending = any(s is MigState.PENDING for s, _ in outcome.states.values())
+        if self._pending:
+            self._schedule_retry()
+        return outcome.inventory, outcome.changed
+
+    def _schedule_retry(self) -> None:
+        if self._retrying is not None and not self._retrying.done():
+            return
+
+        async def retry() -> None:
+            while self._pending:
+                await asyncio.sleep(self._retry_s)
+                await self._retry()
+
+        self._retrying = self._tasks.spawn(retry(), name="mig-retry")
