@@ -384,6 +384,11 @@ class Daemon:
         return self._loaded.config if self._loaded else None
 
     @property
+    def health_monitor(self) -> HealthMonitor | None:
+        """The GPU health monitor, once a first config has been applied."""
+        return self._health_monitor
+
+    @property
     def health(self) -> Mapping[str, bool]:
         return dict(self._health)
 
