@@ -133,8 +133,10 @@ class FaultFeed:
             for _ in watchfiles.watch(
                 self._path.parent,
                 watch_filter=lambda _change, p: Path(p).name == name,
+                # watchfiles wakes once per step even when idle; a fault needs to land within a
+                # second, so 100 ms steps are plenty and keep an idle simulated node quiet.
                 debounce=200,
-                step=20,
+                step=100,
                 stop_event=self._stop,
                 recursive=False,
                 raise_interrupt=False,
