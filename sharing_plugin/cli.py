@@ -125,7 +125,9 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         for problem in exc.problems:
             print(f"sharing-plugin plan: {problem}", file=sys.stderr)
-        return EXIT_USAGE
+        # A node description that exists but is wrong is invalid input, as `run` treats it; a
+        # SPEC that names no backend, preset or file is a usage error.
+        return EXIT_INVALID if _names_node_file(args.gpus) else EXIT_USAGE
     config = loaded.config
     try:
         inventory = discover(backend, fail_on_init_error=config.flags.fail_on_init_error)
@@ -154,6 +156,11 @@ def _cmd_plan(args: argparse.Namespace) -> int:
         lines = [line for action in mig.actions for line in action.lines()]
         print(plan_table(result, config_name=name, mig=lines, warnings=warnings))
     return EXIT_OK
+
+
+def _names_node_file(spec: str) -> bool:
+    kind, _, target = spec.partition(":")
+    return kind == "simulated" and Path(target).is_file()
 
 
 def _run_options(args: argparse.Namespace) -> RunOptions:

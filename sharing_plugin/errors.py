@@ -36,8 +36,11 @@ class Problem:
 
     def __str__(self) -> str:
         where = ""
-        if self.file is not None:
-            where = f"{self.file}:{self.line or 0}:{self.column or 0}: "
+        if self.file is not None and self.line is not None:
+            column = f"{self.column}:" if self.column is not None else ""
+            where = f"{self.file}:{self.line}:{column} "
+        elif self.file is not None:  # no position known: never a made-up 0:0
+            where = f"{self.file}: "
         path = f"{self.path}: " if self.path else ""
         return f"{where}{path}{self.message}"
 

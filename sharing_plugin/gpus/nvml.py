@@ -94,7 +94,10 @@ def _discover(nvml: Any, *, fail_on_init_error: bool) -> Inventory:
         count = int(nvml.nvmlDeviceGetCount())
     gpus: list[Gpu] = []
     handles: dict[int, Any] = {}
-    warnings: list[str] = []
+    # A simulated node says what it could not model (a product missing from the catalog is
+    # simulated without MIG); the real pynvml module has no such attribute.
+    described = getattr(nvml, "warnings", ())
+    warnings = [w for w in described if isinstance(w, str)] if isinstance(described, tuple) else []
     for index in range(count):
         try:
             with nvml_errors(nvml, f"GPU {index}: getting its handle"):
