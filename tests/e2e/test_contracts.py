@@ -290,7 +290,10 @@ async def _allocate(socket: Path, ids: list[str]) -> dict[str, str]:
 async def _run_once(
     kubelet: KubeletSimulator, short_dir: Path, node: Path, configs: Path
 ) -> tuple[dict[str, list[str]], list[str], dict[str, Any], PluginProcess]:
-    """Start `run` from env vars only, check what it serves, stop it; (ids, sockets, status)."""
+    """Start `run` from env vars only, check what it serves, stop it.
+
+    Returns the advertised IDs per resource, our socket names, `/status`, and the process.
+    """
     port = free_port()
     env = {
         "CONFIG_FILE": str(configs),
