@@ -116,7 +116,7 @@ def _is_configmap(value: Any) -> bool:
     return isinstance(value, dict) and value.get("kind") == "ConfigMap"
 
 
-def _block_remap(doc: Document, key: str, text_lines: list[str]) -> Remap:
+def block_remap(doc: Document, key: str, text_lines: list[str]) -> Remap:
     """Map a position inside the `data.<key>` string to the manifest the admin edits."""
     node = doc.nodes[("data", key)]
     start = doc.values[("data", key)]
@@ -160,7 +160,7 @@ def _from_configmap(doc: Document, text: str, *, file: str) -> NamedConfigs:
                 )
             )
             continue
-        remap = _block_remap(doc, key, lines)
+        remap = block_remap(doc, key, lines)
         try:
             inner = _read_doc(value, file=file, prefix=prefix, remap=remap)
             config = _config(inner, file=file, prefix=prefix, remap=remap)

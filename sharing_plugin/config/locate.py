@@ -11,7 +11,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from sharing_plugin.config.yamldoc import YamlProblem, read
+from sharing_plugin.config.loader import block_remap
+from sharing_plugin.config.yamldoc import Mark, YamlProblem, read
 from sharing_plugin.errors import Problem
 
 _PATH_TOKEN = re.compile(r"([^.\[\]]+)|\[(\d+)\]")
@@ -54,10 +55,31 @@ def problem_line(problem: Problem, *, file: str, config_name: str | None) -> str
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError):
         text = ""
-    # Inside a ConfigMap manifest, point at the config's key and name it, as validate does.
     prefix = f"data.{config_name}: " if manifest else ""
-    target = f"data.{config_name}" if manifest else problem.path
-    where = locate(target, text) if target else None
+    where = (
+        _locate_in_manifest(problem.path, text, config_name)
+        if manifest and config_name is not None
+        else (locate(problem.path, text) if problem.path else None)
+    )
     at = f"{path}:{where[0]}:{where[1]}: " if where else f"{path}: "
     inner = f"{problem.path}: " if problem.path else ""
     return f"{at}{prefix}{inner}{problem.message}"
+
+
+def _locate_in_manifest(path: str, text: str, key: str) -> tuple[int, int] | None:
+    """The line of `path` inside the config held by a ConfigMap's `data.<key>`, in the manifest's
+    own lines (as validate reports it); the key's line when the entry cannot be found."""
+    fallback = locate(f"data.{key}", text)
+    try:
+        doc = read(text)
+    except YamlProblem:
+        return fallback
+    data = doc.value.get("data") if isinstance(doc.value, dict) else None
+    block = data.get(key) if isinstance(data, dict) else None
+    if not isinstance(block, str) or not path:
+        return fallback
+    inner = locate(path, block)
+    if inner is None:
+        return fallback
+    mark = block_remap(doc, key, text.splitlines())(Mark(inner[0] - 1, inner[1] - 1))
+    return mark.line + 1, mark.column + 1

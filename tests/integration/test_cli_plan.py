@@ -100,7 +100,10 @@ def test_named_config_in_a_manifest(tmp_path: Path, capsys: pytest.CaptureFixtur
     assert json.loads(capsys.readouterr().out)["config"] == {"name": "default"}
     assert main([*args, "--config-name", "shared"]) == 1
     (line,) = capsys.readouterr().out.splitlines()
-    assert line.startswith(f"{manifest}:7:3: data.shared: sharing.timeSlicing.resources[0]")
+    # At the entry inside the manifest's block, as validate reports config problems.
+    assert line.startswith(
+        f"{manifest}:11:43: data.shared: sharing.timeSlicing.resources[0].devices[0]: GPU 9"
+    )
 
 
 def test_invalid_config_prints_validate_lines(
