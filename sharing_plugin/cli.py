@@ -113,6 +113,9 @@ def _cmd_schema(args: argparse.Namespace) -> int:
 
 
 def _cmd_plan(args: argparse.Namespace) -> int:
+    if not Path(args.config).exists():  # as validate: a path that is not there is a usage error
+        print(f"sharing-plugin plan: {args.config}: no such file or directory", file=sys.stderr)
+        return EXIT_USAGE
     try:
         configs = load_configs(Path(args.config))
         name, loaded = select(configs, None, args.config_name)

@@ -120,3 +120,11 @@ def test_unknown_gpu_spec_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -
     example = ROOT / "config" / "examples" / "time-slicing.yaml"
     assert main(["plan", "--config", str(example), "--gpus", "bogus"]) == 2
     assert "--gpus" in capsys.readouterr().err
+
+
+def test_missing_config_is_a_usage_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    missing = tmp_path / "nope.yaml"
+    assert main(["plan", "--config", str(missing), "--gpus", "simulated:t4x4"]) == 2
+    assert "no such file or directory" in capsys.readouterr().err
