@@ -45,6 +45,7 @@ CDI_ANNOTATION_PLUGIN = "nvidia-device-plugin"
 # Where the MPS pipe directory appears inside containers (the reference's mps.ContainerRoot).
 MPS_CONTAINER_ROOT = "/mps"
 _CDI_STRATEGIES = frozenset({DeviceListStrategy.CDI_ANNOTATIONS, DeviceListStrategy.CDI_CRI})
+_MAX_SHOWN = 100  # characters of a requested ID quoted in an error
 _RESPONSE_NAMESPACE = uuid.UUID("7b0c5a8e-2f51-4f0e-9d51-6a2f4f3f0c11")
 
 
@@ -53,13 +54,25 @@ def _join(root: str, path: str) -> str:
     return root.rstrip("/") + path
 
 
+def _shown(device_id: str) -> str:
+    """An ID from the request as it may appear in an error: the message travels back in gRPC
+    trailing metadata (8 KiB by default on kubelet's side) and into our logs, so an ID that is
+    long or holds control characters is quoted and cut."""
+    if device_id.isprintable() and 0 < len(device_id) <= _MAX_SHOWN:
+        return device_id
+    if len(device_id) <= _MAX_SHOWN:
+        return repr(device_id)
+    return f"{device_id[:_MAX_SHOWN]!r}... ({len(device_id)} characters)"
+
+
 def _validate(resource: ResourcePlan, request_ids: Sequence[str]) -> list[VirtualDevice]:
     devices: list[VirtualDevice] = []
     for device_id in request_ids:
         device = resource.device(device_id)
         if device is None:
             raise AllocationError(
-                f'invalid allocation request for "{resource.name}": unknown device: {device_id}'
+                f'invalid allocation request for "{resource.name}": unknown device: '
+                f"{_shown(device_id)}"
             )
         devices.append(device)
     if (
