@@ -129,8 +129,9 @@ class KubeClient:
         where = f"kubeconfig {path}"
         try:
             doc = yaml.safe_load(path.read_text())
-        except (OSError, yaml.YAMLError) as exc:
-            raise KubeApiError(f"{where}: cannot read: {exc}") from exc
+        except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
+            # PyYAML's report spans several lines; a start-up error is one line.
+            raise KubeApiError(f"{where}: cannot read: {' '.join(str(exc).split())}") from None
         if not isinstance(doc, dict):
             raise KubeApiError(f"{where}: not a kubeconfig (expected a mapping)")
         context_name = doc.get("current-context")

@@ -209,8 +209,13 @@ def load_configs(path: Path) -> NamedConfigs:
         return parse_configs(_read_bytes(path), file=str(path))
     configs: NamedConfigs = {}
     problems: list[Problem] = []
+    dangling: list[str] = []
     for entry in sorted(path.iterdir()):
         if entry.name.startswith(".") or not entry.is_file():
+            # A key removed from the ConfigMap dangles for a moment during kubelet's swap, so
+            # a dangling link is skipped; it is only named when nothing else is there.
+            if not entry.name.startswith(".") and entry.is_symlink() and not entry.exists():
+                dangling.append(entry.name)
             continue
         try:
             configs[entry.name] = parse_config(_read_bytes(entry), file=str(entry))
@@ -219,9 +224,13 @@ def load_configs(path: Path) -> NamedConfigs:
     if problems:
         raise ConfigError(problems)
     if not configs:
-        raise ConfigError(
-            [_problem(str(path), "", "the directory holds no config (one file per name)", None)]
-        )
+        message = "the directory holds no config (one file per name)"
+        if dangling:
+            message += (
+                f"; {', '.join(dangling)} link to files that do not exist (a mounted ConfigMap "
+                "whose ..data points at a removed directory?)"
+            )
+        raise ConfigError([_problem(str(path), "", message, None)])
     return configs
 
 

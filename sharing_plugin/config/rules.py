@@ -43,6 +43,10 @@ def format_loc(loc: Loc) -> str:
     """`("sharing", "mps", "resources", 0)` -> `sharing.mps.resources[0]`."""
     out = ""
     for part in loc:
+        if isinstance(part, str) and not part.isprintable():
+            # A quoted key with a newline or control character: keep the message one line.
+            out += f"[{part!r}]"
+            continue
         out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else part)
     return out
 

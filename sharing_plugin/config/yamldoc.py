@@ -97,9 +97,18 @@ def read(text: str) -> Document:
     """Compose one YAML document into plain values with marks; an empty document is `{}`."""
     if len(text.encode("utf-8", "surrogatepass")) > MAX_BYTES:
         raise YamlProblem("text is over 1 MiB; a config may be at most 1 MiB")
-    loader = _NoAliasLoader(text)
+    # The loader checks the whole text for unprintable characters as it is built, so building
+    # it is inside the `try` too.
+    loader: _NoAliasLoader | None = None
     try:
+        loader = _NoAliasLoader(text)
         root = loader.get_single_node()
+    except yaml.reader.ReaderError as exc:
+        raise YamlProblem(
+            f"character U+{exc.character:04X} is not allowed in YAML; delete it or write it "
+            'escaped inside double quotes ("\\x.." or "\\u....")',
+            _position_mark(text, exc.position),
+        ) from None
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         message = " ".join(p for p in (exc.context, exc.problem) if p) or "invalid YAML"
@@ -111,11 +120,17 @@ def read(text: str) -> Document:
     except RecursionError:
         raise YamlProblem(f"nesting deeper than {MAX_DEPTH} levels") from None
     finally:
-        loader.dispose()
+        if loader is not None:
+            loader.dispose()
     doc = Document(value={})
     if root is not None:
         doc.value = _build(root, (), doc, 0)
     return doc
+
+
+def _position_mark(text: str, position: int) -> Mark:
+    before = text[:position]
+    return Mark(before.count("\n"), position - (before.rfind("\n") + 1))
 
 
 def _build(node: Node, path: Path, doc: Document, depth: int) -> Any:
@@ -130,9 +145,10 @@ def _build(node: Node, path: Path, doc: Document, depth: int) -> Any:
                 return node.value  # dates mean nothing here; keep the text as written
             raise YamlProblem(f"tag {_short(node.tag)} is not allowed in a config", _mark(node))
         try:
-            return construct(SafeConstructor(), node)
+            value = construct(SafeConstructor(), node)
         except (ValueError, yaml.YAMLError) as exc:
             raise YamlProblem(f"bad {_short(node.tag)} value: {exc}", _mark(node)) from None
+        return _text(value, node) if isinstance(value, str) else value
     if isinstance(node, SequenceNode):
         if node.tag != f"{_TAG}seq":
             raise YamlProblem(f"tag {_short(node.tag)} is not allowed in a config", _mark(node))
@@ -146,7 +162,7 @@ def _build(node: Node, path: Path, doc: Document, depth: int) -> Any:
                 raise YamlProblem("merge keys (<<) are not allowed in a config", _mark(key_node))
             if not isinstance(key_node, ScalarNode) or key_node.tag != f"{_TAG}str":
                 raise YamlProblem("keys must be plain strings", _mark(key_node))
-            key = key_node.value
+            key = _text(key_node.value, key_node)
             if key in out:
                 first = doc.keys[(*path, key)]
                 raise YamlProblem(
@@ -158,6 +174,20 @@ def _build(node: Node, path: Path, doc: Document, depth: int) -> Any:
             out[key] = _build(value_node, (*path, key), doc, depth + 1)
         return out
     raise YamlProblem("unsupported YAML node", _mark(node))  # pragma: no cover
+
+
+def _text(value: str, node: Node) -> str:
+    """`value`, unless a `"\\ud800"`-style escape left half a UTF-16 pair in it: such a string
+    cannot be written out (logs, /status, kubelet) and means nothing in a config."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise YamlProblem(
+            f"escape for U+{ord(value[exc.start]):04X} is half of a UTF-16 surrogate pair, not a "
+            "character; write the character itself",
+            _mark(node),
+        ) from None
+    return value
 
 
 def _short(tag: str) -> str:

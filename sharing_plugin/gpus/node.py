@@ -127,6 +127,17 @@ def load_node_file(path: Path) -> LoadedNode:
         raise ConfigError(
             [Problem(path="", message=f"cannot read node description: {exc}", file=str(path))]
         ) from exc
+    except UnicodeDecodeError as exc:
+        raise ConfigError(
+            [
+                Problem(
+                    path="",
+                    message=f"not UTF-8 (byte 0x{exc.object[exc.start]:02x} at offset "
+                    f"{exc.start}); save the node description as UTF-8",
+                    file=str(path),
+                )
+            ]
+        ) from None
     description = _parse(text, source=str(path))
     return LoadedNode(description=description, identity=description.name or path.stem, path=path)
 
@@ -153,9 +164,7 @@ def _parse(text: str, *, source: str) -> NodeDescription:
     try:
         data: Any = yaml.safe_load(text)
     except yaml.YAMLError as exc:
-        raise ConfigError(
-            [Problem(path="", message=f"not valid YAML: {exc}", file=source)]
-        ) from exc
+        raise ConfigError([_yaml_problem(exc, source)]) from None
     if not isinstance(data, dict):
         raise ConfigError(
             [Problem(path="", message="a node description is a mapping with 'gpus'", file=source)]
@@ -173,6 +182,19 @@ def _parse(text: str, *, source: str) -> NodeDescription:
                 for err in exc.errors()
             ]
         ) from exc
+
+
+def _yaml_problem(exc: yaml.YAMLError, source: str) -> Problem:
+    """PyYAML's several-line report as one line at its position (1-based, like the config's)."""
+    mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
+    if isinstance(exc, yaml.MarkedYAMLError):
+        words = " ".join(p for p in (exc.context, exc.problem) if p) or "invalid YAML"
+    else:
+        words = " ".join(str(exc).split())
+    line, column = (mark.line + 1, mark.column + 1) if mark is not None else (None, None)
+    return Problem(
+        path="", message=f"not valid YAML: {words}", file=source, line=line, column=column
+    )
 
 
 def _dotted(loc: tuple[int | str, ...]) -> str:
