@@ -210,7 +210,13 @@ def load_configs(path: Path) -> NamedConfigs:
     configs: NamedConfigs = {}
     problems: list[Problem] = []
     dangling: list[str] = []
-    for entry in sorted(path.iterdir()):
+    try:
+        entries = sorted(path.iterdir())
+    except OSError as exc:  # removed or unlistable between the check and the listing
+        raise ConfigError(
+            [Problem(path="", message=f"cannot list the directory: {exc.strerror}", file=str(path))]
+        ) from exc
+    for entry in entries:
         if entry.name.startswith(".") or not entry.is_file():
             # A key removed from the ConfigMap dangles for a moment during kubelet's swap, so
             # a dangling link is skipped; it is only named when nothing else is there.

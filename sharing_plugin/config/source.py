@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sharing_plugin.config.loader import LoadedConfig, load_configs, select
-from sharing_plugin.errors import ConfigError
+from sharing_plugin.errors import ConfigError, Problem
 
 log = logging.getLogger(__name__)
 
@@ -107,6 +107,9 @@ class ConfigSource:
             name, loaded = select(configs, self._label_value(), self._requested_name)
         except ConfigError as exc:
             return ConfigUpdate(None, None, exc, reason)
+        except OSError as exc:  # a path that changed under us mid-read: report, keep watching
+            where = Problem(path="", message=f"cannot read: {exc}", file=str(self._path))
+            return ConfigUpdate(None, None, ConfigError([where]), reason)
         return ConfigUpdate(name, loaded, None, reason)
 
     def trigger(self, reason: str) -> None:

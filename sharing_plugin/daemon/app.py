@@ -50,6 +50,7 @@ log = logging.getLogger(__name__)
 DEFAULT_CONFIG_LABEL = "nvidia.com/device-plugin.config"
 _MIG_RETRY = "MIG layout pending"  # the reason of a pending layout's retry, which is no reload
 _LABEL_FETCH_TIMEOUT_S = 5.0
+_FOLLOW_BACKOFF_S = (0.2, 10.0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -221,9 +222,21 @@ class Daemon:
     # --- reloads -----------------------------------------------------------------------------
 
     async def _follow_config(self) -> None:
-        async with contextlib.aclosing(self.source.updates()) as updates:
-            async for update in updates:
-                await self._on_update(update)
+        """Apply every config update until stopped. Whatever goes wrong on the way is logged
+        and the watch taken up again: a plugin that silently stops reloading is the failure
+        admins cannot see."""
+        delay, limit = _FOLLOW_BACKOFF_S
+        while True:
+            try:
+                async with contextlib.aclosing(self.source.updates()) as updates:
+                    async for update in updates:
+                        await self._on_update(update)
+                        delay = _FOLLOW_BACKOFF_S[0]
+                return  # the source was stopped
+            except Exception:
+                log.exception("following the config failed; watching again in %.1f s", delay)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, limit)
 
     async def next_update(self) -> None:
         """Return once the next config update (good or rejected) has been handled."""
