@@ -21,7 +21,9 @@ from sharing_plugin.errors import PlanError
 from sharing_plugin.gpus.inventory import Inventory
 from sharing_plugin.kubelet.podresources import PodResourcesClient
 from sharing_plugin.mig.desired import mig_actions
+from sharing_plugin.mig.predict import predicted_inventory
 from sharing_plugin.observability.status import MigState, StatusBoard
+from sharing_plugin.plan import plan
 
 log = logging.getLogger(__name__)
 
@@ -55,11 +57,15 @@ class MigLayouts:
     async def apply(self, config: Config, inventory: Inventory) -> tuple[Inventory, bool]:
         """Make the GPUs match `config`; returns the node as it is now and whether it changed.
 
-        Raises PlanError (nothing touched) when a declared layout cannot fit its GPU.
+        Raises PlanError (nothing touched) when a declared layout cannot fit its GPU, or when
+        the config does not fit the node as the layouts would leave it.
         """
-        problems = mig_actions(config, inventory).problems
-        if problems:
-            raise PlanError(problems)
+        planned = mig_actions(config, inventory)
+        if planned.problems:
+            raise PlanError(planned.problems)
+        # The rest of the config must fit the node as the layouts will leave it, or nothing
+        # is touched: raises PlanError before any instance is created or destroyed.
+        plan(config, predicted_inventory(inventory, planned.actions))
         before = self._status.to_json()["mig"]
         if config.partitioning is None and not before:
             return inventory, False

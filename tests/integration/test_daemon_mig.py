@@ -441,3 +441,32 @@ async def test_impossible_layout_at_start_advertises_nothing_until_fixed(short_d
         await run.settled()
         assert calls(run) == created(3, "7g.80gb", 0)
         assert run.daemon.status.last_error is None
+
+
+async def test_a_config_whose_sharing_does_not_fit_touches_no_mig_instance(
+    short_dir: Path,
+) -> None:
+    """The layout alone fits, but the config's sharing names a MIG device (GPU 0's third) that
+    the new layout will not have: rejected before any instance is created or destroyed."""
+    start = layout("    - devices: [0]\n      profiles: {1g.18gb: 7}\n")
+    async with running(short_dir, start, gpus=H200) as run:
+        calls(run)
+        before = capacity(run)
+        misfit = layout(
+            "    - devices: [0]\n      profiles: {3g.71gb: 2}\n",
+            sharing=(
+                "sharing:\n  timeSlicing:\n    resources:\n"
+                "      - name: nvidia.com/mig-3g.71gb\n        devices: ['0:2']\n"
+                "        replicas: 2\n"
+            ),
+        )
+        await reload(run, misfit)
+        error = run.daemon.status.to_json()["lastError"]
+        assert error is not None and "sharing.timeSlicing.resources[0].devices[0]" in error
+        assert calls(run) == []
+        assert capacity(run) == before
+        # The same sharing on a MIG device the new layout does have is applied in full.
+        await reload(run, misfit.replace("'0:2'", "'0:1'"))
+        assert run.daemon.status.to_json()["lastError"] is None
+        assert len(calls(run)) == 7 * 2 + 2 * 2
+        await wait_capacity(run, {"nvidia.com/gpu": 7, "nvidia.com/mig-3g.71gb": 3})
