@@ -169,16 +169,11 @@ def resolve_health(health: Health) -> HealthResolution:
 
 def health_warnings(health: Health) -> Iterator[str]:
     events = health.event_types or ()
-    ecc = [str(e) for e in events if e != XID_EVENTS]
-    if ecc:
-        yield (
-            f"health.eventTypes: {', '.join(ecc)}: accepted for compatibility; only Xid "
-            "critical errors are watched here"
-        )
     if events and XID_EVENTS not in events:
         yield (
             f"health.eventTypes: {XID_EVENTS} is not listed, so no Xid marks a GPU Unhealthy "
-            "(GPUs that stop answering NVML still do); add it to watch Xids"
+            "(double-bit ECC errors, when listed, and GPUs that stop answering NVML still do); "
+            "add it to watch Xids"
         )
     elif health.critical_xids == ():
         yield (

@@ -1,11 +1,13 @@
-"""The health monitor: NVML Xid events and recovery checks fed to the health state machine.
+"""The health monitor: NVML Xid and ECC events and recovery checks fed to the health state
+machine.
 
 The state machine decides; this module does the waiting and the NVML calls. Two tasks run
-while health checking is on: one consumes the Xid event watch, one sleeps until the earliest
-recovery check is due (there is no periodic tick: with every GPU Healthy it waits for nothing
-but a wake-up) and queries NVML in a worker thread, since a GPU that is falling off the bus can
-block an NVML call for seconds. Every change is logged once and handed, as the whole health
-mapping, to `on_change`, which pushes it to kubelet.
+while health checking is on: one consumes the NVML event watch (the event types the config's
+``health.eventTypes`` names; all of them by default, as in the reference), one sleeps until the
+earliest recovery check is due (there is no periodic tick: with every GPU Healthy it waits for
+nothing but a wake-up) and queries NVML in a worker thread, since a GPU that is falling off the
+bus can block an NVML call for seconds. Every change is logged once and handed, as the whole
+health mapping, to `on_change`, which pushes it to kubelet.
 
 The reference plugin's environment variables ``DP_DISABLE_HEALTHCHECKS`` and
 ``DP_ENABLE_HEALTHCHECKS`` are honoured for compatibility; they are read once, at start, by
@@ -21,9 +23,11 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from sharing_plugin.config.model import Health
+from sharing_plugin.config.model import EventType, Health
 from sharing_plugin.errors import NvmlError
 from sharing_plugin.gpus.health import (
+    EVERY_EVENT_KIND,
+    EventKind,
     HealthChange,
     HealthTracker,
     RecoveryTiming,
@@ -31,7 +35,7 @@ from sharing_plugin.gpus.health import (
 )
 from sharing_plugin.gpus.inventory import Inventory
 from sharing_plugin.gpus.nvml_calls import nvml_errors, nvml_session
-from sharing_plugin.gpus.xid import XidEvent, XidWatch
+from sharing_plugin.gpus.xid import XidEvent, XidWatch, describe_kinds
 from sharing_plugin.observability.metrics import Metrics
 
 log = logging.getLogger(__name__)
@@ -39,6 +43,17 @@ log = logging.getLogger(__name__)
 ENV_DISABLE = "DP_DISABLE_HEALTHCHECKS"
 ENV_ENABLE = "DP_ENABLE_HEALTHCHECKS"
 _ALL = ("all", "xids")  # the reference accepts both words for "every Xid"
+_EVENT_KIND = {
+    EventType.XID_CRITICAL_ERROR: EventKind.XID,
+    EventType.DOUBLE_BIT_ECC_ERROR: EventKind.DOUBLE_BIT_ECC,
+    EventType.SINGLE_BIT_ECC_ERROR: EventKind.SINGLE_BIT_ECC,
+}
+
+
+def event_kinds(health: Health) -> frozenset[EventKind]:
+    """The NVML event kinds `health.eventTypes` asks for; none given (or an empty list): every
+    kind, as the reference plugin registers by default."""
+    return frozenset(_EVENT_KIND[t] for t in health.event_types or ()) or EVERY_EVENT_KIND
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,6 +63,7 @@ class HealthSettings:
     enabled: bool = True
     policy: XidPolicy = field(default_factory=XidPolicy)
     timing: RecoveryTiming = field(default_factory=RecoveryTiming)
+    event_kinds: frozenset[EventKind] = EVERY_EVENT_KIND
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,19 +97,21 @@ class HealthEnv:
             first_check_s=float(health.recovery_check_seconds),
             max_check_s=float(health.recovery_check_max_seconds),
         )
+        kinds = event_kinds(health)
         if self.enable_all:
-            return HealthSettings(health.enabled, XidPolicy(), timing)
+            return HealthSettings(health.enabled, XidPolicy(), timing, kinds)
         if self.disable_all:
             if not self.enabled:
-                return HealthSettings(False, XidPolicy(frozenset(health.ignored_xids)), timing)
-            return HealthSettings(health.enabled, XidPolicy(only=self.enabled), timing)
+                policy = XidPolicy(frozenset(health.ignored_xids))
+                return HealthSettings(False, policy, timing, kinds)
+            return HealthSettings(health.enabled, XidPolicy(only=self.enabled), timing, kinds)
         ignored = (frozenset(health.ignored_xids) | self.disabled) - self.enabled
         if health.critical_xids is not None:
             # The config's criticalXIDs: only those count, an ignored one never (as in the
             # reference), and the Xids DP_ENABLE_HEALTHCHECKS names count as well.
             only = (frozenset(health.critical_xids) - ignored) | self.enabled
-            return HealthSettings(health.enabled, XidPolicy(only=only), timing)
-        return HealthSettings(health.enabled, XidPolicy(ignored), timing)
+            return HealthSettings(health.enabled, XidPolicy(only=only), timing, kinds)
+        return HealthSettings(health.enabled, XidPolicy(ignored), timing, kinds)
 
     def describe(self) -> str | None:
         """One log line on what the variables change; None when neither is set."""
@@ -168,7 +186,7 @@ class HealthMonitor:
         self._publish_lock = asyncio.Lock()
         self._watch_down = False
         self.watching = asyncio.Event()
-        """Set while the Xid event watch is registered (tests and start-up wait on it)."""
+        """Set while the NVML event watch is registered (tests and start-up wait on it)."""
 
     @property
     def health(self) -> Mapping[str, bool]:
@@ -180,11 +198,12 @@ class HealthMonitor:
 
     def update_settings(self, settings: HealthSettings) -> None:
         """New ignored Xids and timings apply to the next event and check; turning health
-        checking off reports every device Healthy, turning it on starts watching again."""
+        checking off reports every device Healthy, turning it on starts watching again, and
+        other event types are registered on a new watch."""
         before, self._settings = self._settings, settings
         self._tracker.policy = settings.policy
         self._tracker.timing = settings.timing
-        if before.enabled != settings.enabled:
+        if (before.enabled, before.event_kinds) != (settings.enabled, settings.event_kinds):
             self._restart.set()
         self._wake.set()
 
@@ -208,7 +227,7 @@ class HealthMonitor:
                 await self._restart.wait()
                 continue
             tasks = [
-                asyncio.create_task(self._watch(clock), name="health:xid-events"),
+                asyncio.create_task(self._watch(clock), name="health:nvml-events"),
                 asyncio.create_task(self._recheck(clock), name="health:recovery-checks"),
                 asyncio.create_task(self._restart.wait(), name="health:restart"),
             ]
@@ -221,22 +240,28 @@ class HealthMonitor:
             for task in done:
                 task.result()  # a bug in a loop surfaces here; a restart returns None
 
-    # ---- Xid events ----
+    # ---- NVML events ----
 
     async def _watch(self, clock: Callable[[], float]) -> None:
         timing = self._settings.timing
+        kinds = self._settings.event_kinds
         delay = timing.first_check_s
         while True:
             inventory = self._tracker.inventory
             try:
-                async with XidWatch(self._nvml, inventory, wait_ms=self._wait_ms) as watch:
+                async with XidWatch(
+                    self._nvml, inventory, wait_ms=self._wait_ms, kinds=kinds
+                ) as watch:
                     self._watch_down = False
                     self.watching.set()
                     delay = timing.first_check_s
                     log.info(
-                        "GPU health: watching Xid events of %d GPUs; %s",
+                        "GPU health: watching %s events of %d GPUs; %s",
+                        describe_kinds(kinds),
                         len(inventory.gpus) - len(watch.unwatched),
-                        _policy_text(self._settings.policy),
+                        _policy_text(self._settings.policy)
+                        if EventKind.XID in kinds
+                        else "Xids are not watched (health.eventTypes)",
                     )
                     for uuid in watch.unwatched:
                         problem = await asyncio.to_thread(self._query, uuid)
@@ -249,9 +274,9 @@ class HealthMonitor:
             except NvmlError as exc:
                 self._watch_down = True
                 self.watching.clear()
-                change = self._tracker.on_lost(None, clock(), detail=f"no Xid events ({exc})")
+                change = self._tracker.on_lost(None, clock(), detail=f"no NVML events ({exc})")
                 log.error(
-                    "GPU health: cannot watch Xid events (%s): every GPU stays Unhealthy until "
+                    "GPU health: cannot watch NVML events (%s): every GPU stays Unhealthy until "
                     "the watch works again (retry in %gs); set health.enabled: false to run "
                     "without health checks",
                     exc,
@@ -262,6 +287,15 @@ class HealthMonitor:
                 delay = min(delay * 2, self._settings.timing.max_check_s)
 
     async def _on_event(self, event: XidEvent, now: float) -> None:
+        if event.kind is not EventKind.XID:
+            if event.kind is EventKind.SINGLE_BIT_ECC:
+                log.info(
+                    "GPU health: single-bit ECC error on %s, corrected by the GPU; its health "
+                    "is unchanged",
+                    event.uuid,
+                )
+            await self._publish(self._tracker.on_ecc(event.uuid, event.kind, now))
+            return
         if self._metrics is not None:
             self._metrics.count_health_event(event.uuid, event.xid)
         if not self._tracker.policy.is_critical(event.xid):
@@ -286,7 +320,7 @@ class HealthMonitor:
             for uuid in self._tracker.due_checks(clock()):
                 problem = await asyncio.to_thread(self._query, uuid)
                 if problem is None and self._watch_down:
-                    problem = "Xid events cannot be watched"
+                    problem = "NVML events cannot be watched"
                 if problem is not None:
                     log.info("GPU health: %s still Unhealthy: %s", uuid, problem)
                 answered = problem is None

@@ -1,4 +1,5 @@
-"""GPU health as a state machine: Xid events, lost GPUs and recovery checks in, changes out.
+"""GPU health as a state machine: Xid and ECC events, lost GPUs and recovery checks in, changes
+out.
 
 Everything here is a value or a plain method call with the time passed in, so the rules can be
 tested without NVML, threads or an event loop; the caller owns the clock, performs the NVML
@@ -10,12 +11,19 @@ The rules:
   UUID stands for the GPU and everything on it, a MIG UUID for that MIG device only. An event
   naming no known device marks every GPU (the reference plugin does the same when it cannot
   tell which GPU an event came from).
+- A double-bit ECC error (uncorrectable: data in GPU memory is wrong) marks the GPU it names
+  Unhealthy whatever the Xid policy says: it is not an Xid, so ignored Xids do not apply. The
+  reference plugin registers for ECC events but drops every event that is not an Xid (the
+  driver also reports such an error as Xid 48, which it counts); counting the ECC event itself
+  keeps the GPU out of service when Xid 48 is ignored, not in criticalXIDs, or not watched. A
+  single-bit ECC error was corrected by the hardware: it is reported and changes nothing, as in
+  the reference.
 - A lost GPU (NVML answers GPU_IS_LOST, or stops answering) is Unhealthy.
 - Recovery: the reference plugin never brings a device back. Here an Unhealthy device is
   checked first `first_check_s` after it failed, then with a doubling delay up to `max_check_s`
   while NVML does not answer. It is Healthy again once NVML answers normally and no fault
-  (critical Xid, lost, failed check) was seen for `quiet_period_s`: a GPU that answers once
-  between two faults is not trusted with pods yet.
+  (critical Xid, double-bit ECC error, lost, failed check) was seen for `quiet_period_s`: a GPU
+  that answers once between two faults is not trusted with pods yet.
 """
 
 from __future__ import annotations
@@ -45,6 +53,18 @@ class XidPolicy:
         return xid not in self.ignored
 
 
+class EventKind(StrEnum):
+    """What an NVML health event reports (the config's ``health.eventTypes``, in our words)."""
+
+    XID = "xid"
+    DOUBLE_BIT_ECC = "double-bit-ecc"
+    SINGLE_BIT_ECC = "single-bit-ecc"
+
+
+EVERY_EVENT_KIND = frozenset(EventKind)
+"""What is watched when the config names no event types: all three, as in the reference."""
+
+
 @dataclass(frozen=True, slots=True)
 class RecoveryTiming:
     """When an Unhealthy device is checked again and how long it must stay quiet to recover."""
@@ -65,6 +85,7 @@ class Cause(StrEnum):
 
     XID = "xid"
     UNATTRIBUTED_XID = "unattributed-xid"
+    DOUBLE_BIT_ECC = "double-bit-ecc"
     LOST = "lost"
     RECOVERED = "recovered"
     RESET = "reset"  # health checking turned off: everything is Healthy again
@@ -147,6 +168,26 @@ class HealthTracker:
             Cause.UNATTRIBUTED_XID,
             xid,
             f"Xid {xid} from {source}, which cannot be attributed to one GPU",
+        )
+
+    def on_ecc(self, uuid: str | None, kind: EventKind, now: float) -> HealthChange | None:
+        """An ECC event on `uuid` (None: NVML could not say which GPU). Only a double-bit
+        error changes health; the Xid policy does not apply to it."""
+        if kind is EventKind.XID:
+            raise ValueError("on_ecc: an Xid goes to on_xid")
+        if kind is EventKind.SINGLE_BIT_ECC:
+            return None
+        why = "double-bit ECC error (uncorrectable memory error)"
+        if uuid is not None and self._known(uuid):
+            return self._fail((uuid,), now, Cause.DOUBLE_BIT_ECC, None, why)
+        source = "an unknown device" if uuid is None else f"unknown device {uuid}"
+        every_gpu = tuple(g.uuid for g in self._inventory.gpus)
+        return self._fail(
+            every_gpu,
+            now,
+            Cause.DOUBLE_BIT_ECC,
+            None,
+            f"{why} from {source}, which cannot be attributed to one GPU",
         )
 
     def on_lost(

@@ -45,21 +45,28 @@ class GpuGroup(_Strict):
 
 
 class Fault(_Strict):
-    """One injected event: an Xid on a GPU (or MIG device), or the GPU falling off the bus.
+    """One injected event: an Xid or ECC error on a GPU (or MIG device), or the GPU falling off
+    the bus.
 
-    `gpu` is a GPU index, a GPU UUID, or a MIG UUID (the event is then attributed to that MIG
-    device's GPU/compute instance, as NVML does). `lost: true` makes every NVML call on the GPU
+    `gpu` is a GPU index, a GPU UUID, or a MIG UUID (an Xid is then attributed to that MIG
+    device's GPU/compute instance, as NVML does; an ECC error names the GPU, since NVML
+    attributes only Xids). `ecc: double` delivers one double-bit (uncorrectable) ECC error event,
+    `ecc: single` one single-bit (corrected) one. `lost: true` makes every NVML call on the GPU
     fail with NVML_ERROR_GPU_IS_LOST (and delivers Xid 79); `lost: false` brings it back.
     """
 
     gpu: int | str
     xid: int | None = Field(default=None, ge=0)
+    ecc: Literal["double", "single"] | None = None
     lost: bool | None = None
 
     @model_validator(mode="after")
     def _one_kind(self) -> Fault:
-        if (self.xid is None) == (self.lost is None):
-            raise ValueError("a fault needs exactly one of 'xid' (an Xid number) or 'lost'")
+        if [self.xid, self.ecc, self.lost].count(None) != 2:
+            raise ValueError(
+                "a fault needs exactly one of 'xid' (an Xid number), 'ecc' (double or single) "
+                "or 'lost'"
+            )
         return self
 
 

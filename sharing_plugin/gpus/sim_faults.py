@@ -6,8 +6,8 @@ process runs are delivered once. The file is watched (inotify through watchfiles
 wakes a waiter within milliseconds, and its size/mtime is also checked whenever a waiter starts
 waiting, which closes the gap before the watcher is ready; nothing polls on a timer. Entries
 appended while no event set existed (the watch is off) are caught up when watching starts
-again: a lost GPU is state and applies, but an Xid is gone, since NVML queues events only for
-the event sets registered when they happen.
+again: a lost GPU is state and applies, but an Xid or ECC error is gone, since NVML queues
+events only for the event sets registered when they happen.
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ import logging
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import pynvml
 
@@ -33,6 +33,16 @@ from sharing_plugin.gpus.sim_state import (
 log = logging.getLogger(__name__)
 
 XID_GPU_FELL_OFF_THE_BUS = 79
+_ECC_EVENT_TYPE = {
+    "double": int(pynvml.nvmlEventTypeDoubleBitEccError),
+    "single": int(pynvml.nvmlEventTypeSingleBitEccError),
+}
+# What every simulated GPU reports: datacenter GPUs with ECC on.
+SUPPORTED_EVENT_TYPES = (
+    int(pynvml.nvmlEventTypeXidCriticalError)
+    | int(pynvml.nvmlEventTypeDoubleBitEccError)
+    | int(pynvml.nvmlEventTypeSingleBitEccError)
+)
 DRIVER_VERSION = "550.54.15"
 CUDA_DRIVER_VERSION = 12040
 
@@ -84,7 +94,7 @@ class SimulatedNvml(SimMigOps):
     # ---- faults: what tests and node files inject ----
 
     def inject(self, fault: Fault) -> None:
-        """Deliver one fault now: an Xid event, or a GPU lost (Xid 79) / back."""
+        """Deliver one fault now: an Xid or ECC error event, or a GPU lost (Xid 79) / back."""
         if fault.lost is not None:
             self._set_lost(fault)
             return
@@ -93,10 +103,18 @@ class SimulatedNvml(SimMigOps):
             log.warning("simulated NVML: fault names no known device: %r", fault.gpu)
             return
         gpu, gi_id, ci_id = target
+        if fault.ecc is not None:
+            # NVML fills eventData and the instance ids for Xid events only.
+            self._emit(gpu, 0, NO_ID, NO_ID, event_type=_ECC_EVENT_TYPE[fault.ecc])
+            return
         self._emit(gpu, fault.xid or 0, gi_id, ci_id)
 
     def inject_xid(self, gpu: int | str, xid: int) -> None:
         self.inject(Fault(gpu=gpu, xid=xid))
+
+    def inject_ecc(self, gpu: int | str, kind: Literal["double", "single"] = "double") -> None:
+        """One ECC error event on `gpu` (index or UUID; a MIG UUID names its GPU)."""
+        self.inject(Fault(gpu=gpu, ecc=kind))
 
     def set_lost(self, gpu: int | str, lost: bool = True) -> None:
         self.inject(Fault(gpu=gpu, lost=lost))
@@ -120,8 +138,16 @@ class SimulatedNvml(SimMigOps):
                     return gpu, ci.gpu_instance.id, ci.id
         return None
 
-    def _emit(self, gpu: SimGpu, xid: int, gi_id: int, ci_id: int) -> None:
-        event = SimEventData(gpu, pynvml.nvmlEventTypeXidCriticalError, xid, gi_id, ci_id)
+    def _emit(
+        self,
+        gpu: SimGpu,
+        xid: int,
+        gi_id: int,
+        ci_id: int,
+        *,
+        event_type: int = int(pynvml.nvmlEventTypeXidCriticalError),
+    ) -> None:
+        event = SimEventData(gpu, event_type, xid, gi_id, ci_id)
         with self._lock:
             sets = list(self._event_sets)
         for event_set in sets:
@@ -260,7 +286,7 @@ class SimulatedNvml(SimMigOps):
 
     def nvmlDeviceGetSupportedEventTypes(self, handle: Any) -> int:
         self._gpu(handle)
-        return int(pynvml.nvmlEventTypeXidCriticalError)
+        return SUPPORTED_EVENT_TYPES
 
     def nvmlEventSetCreate(self) -> SimEventSet:
         self._check_init()
@@ -277,8 +303,8 @@ class SimulatedNvml(SimMigOps):
         gpu = self._gpu(handle)
         if not isinstance(eventSet, SimEventSet) or eventSet.freed:
             raise nvml_error(pynvml.NVML_ERROR_INVALID_ARGUMENT)
-        if eventTypes & ~int(pynvml.nvmlEventTypeXidCriticalError):
-            raise nvml_error(pynvml.NVML_ERROR_NOT_SUPPORTED)  # only Xids are simulated
+        if eventTypes & ~self.nvmlDeviceGetSupportedEventTypes(handle):
+            raise nvml_error(pynvml.NVML_ERROR_NOT_SUPPORTED)  # as NVML does for such a mask
         eventSet.register(gpu.index, eventTypes)
 
     def nvmlEventSetWait_v2(self, eventSet: Any, timeoutms: int) -> SimEventData:

@@ -1,11 +1,18 @@
-"""Health events: NVML Xid critical errors, delivered to asyncio as (device UUID, Xid).
+"""Health events: NVML Xid critical errors and ECC errors, delivered to asyncio as
+(device UUID, Xid, kind).
 
 ``nvmlEventSetWait`` blocks and cannot be interrupted, so a worker thread owns the event set and
 waits with a bounded timeout (`wait_ms`); events cross into the loop with
 ``call_soon_threadsafe``. Closing the watch stops the thread after at most one more wait. An
-event that NVML attributes to a GPU instance / compute instance is mapped to that MIG device's
+Xid that NVML attributes to a GPU instance / compute instance is mapped to that MIG device's
 UUID (as the reference plugin does); an unattributed one names the whole GPU, meaning every
-device on it.
+device on it. NVML fills the instance ids and ``eventData`` only for Xid events, so an ECC
+event always names the whole GPU and carries Xid 0.
+
+Which event types are registered is the caller's choice (the config's ``health.eventTypes``;
+by default all three, as the reference does). A GPU registers the chosen types it supports
+(``nvmlDeviceGetSupportedEventTypes``: GPUs without ECC, or with ECC turned off, report no
+ECC events); a type it lacks is logged and skipped for that GPU only.
 """
 
 from __future__ import annotations
@@ -19,6 +26,7 @@ from types import TracebackType
 from typing import Any, NamedTuple
 
 from sharing_plugin.errors import NvmlError
+from sharing_plugin.gpus.health import EVERY_EVENT_KIND, EventKind
 from sharing_plugin.gpus.inventory import Inventory
 from sharing_plugin.gpus.nvml_calls import is_code, nvml_errors, text, to_nvml_error
 
@@ -26,12 +34,31 @@ log = logging.getLogger(__name__)
 
 _NOT_ATTRIBUTED = 0xFFFFFFFF  # NVML's GPU/compute-instance id when an event has none
 
+# pynvml's name of each kind's event type bit.
+_NVML_EVENT_TYPE = {
+    EventKind.XID: "nvmlEventTypeXidCriticalError",
+    EventKind.DOUBLE_BIT_ECC: "nvmlEventTypeDoubleBitEccError",
+    EventKind.SINGLE_BIT_ECC: "nvmlEventTypeSingleBitEccError",
+}
+_WORDS = {
+    EventKind.XID: "Xid",
+    EventKind.DOUBLE_BIT_ECC: "double-bit ECC",
+    EventKind.SINGLE_BIT_ECC: "single-bit ECC",
+}
+
 
 class XidEvent(NamedTuple):
-    """One Xid: the UUID of the device it hit (a GPU or a MIG device) and the Xid number."""
+    """One health event: the UUID of the device it hit (a GPU or a MIG device), the Xid number
+    (0 for an ECC event) and what kind of event it is."""
 
     uuid: str
     xid: int
+    kind: EventKind = EventKind.XID
+
+
+def describe_kinds(kinds: frozenset[EventKind]) -> str:
+    """``Xid, double-bit ECC`` -- the event kinds in a fixed order, for log lines."""
+    return ", ".join(_WORDS[k] for k in EventKind if k in kinds) or "no"
 
 
 class _Ready:
@@ -45,24 +72,34 @@ class XidWatch:
     """An async context manager and iterator of `XidEvent`s for the inventory's GPUs.
 
     ``async with XidWatch(nvml, inventory) as events: async for event in events: ...``
-    Registration failures of single GPUs are logged and skipped (old GPUs lack Xid events); an
-    NVML failure of the watch itself ends the iteration with `NvmlError`.
+    `kinds` are the events to register (default: every kind). Registration failures of single
+    GPUs are logged and skipped (old GPUs lack Xid events); an NVML failure of the watch itself
+    ends the iteration with `NvmlError`.
     """
 
-    def __init__(self, nvml: Any, inventory: Inventory, *, wait_ms: int = 500) -> None:
+    def __init__(
+        self,
+        nvml: Any,
+        inventory: Inventory,
+        *,
+        wait_ms: int = 500,
+        kinds: frozenset[EventKind] = EVERY_EVENT_KIND,
+    ) -> None:
         self._nvml = nvml
         self._inventory = inventory
         self._wait_ms = wait_ms
+        self._kinds = kinds
         self._stop = threading.Event()
         self._queue: asyncio.Queue[XidEvent | BaseException | _Ready] = asyncio.Queue()
         self._thread: threading.Thread | None = None
         self.unwatched: list[str] = []  # GPU UUIDs whose events could not be registered
+        self.unsupported: dict[str, frozenset[EventKind]] = {}  # GPU UUID -> kinds it lacks
         self._uuid_by_handle: dict[int | None, str] = {}
 
     async def __aenter__(self) -> XidWatch:
         loop = asyncio.get_running_loop()
         self._thread = threading.Thread(
-            target=self._run, args=(loop,), name="nvml-xid-events", daemon=True
+            target=self._run, args=(loop,), name="nvml-health-events", daemon=True
         )
         self._thread.start()
         first = await self._queue.get()
@@ -139,18 +176,35 @@ class XidWatch:
 
     def _register(self, event_set: Any) -> None:
         nvml = self._nvml
-        xid_type = int(nvml.nvmlEventTypeXidCriticalError)
+        wanted = {kind: int(getattr(nvml, _NVML_EVENT_TYPE[kind])) for kind in self._kinds}
+        if not wanted:
+            return  # nothing to watch: the watch only waits
+        words = describe_kinds(self._kinds)
         for gpu in self._inventory.gpus:
             if not gpu.healthy_at_discovery:
                 continue
             try:
                 handle = nvml.nvmlDeviceGetHandleByUUID(gpu.uuid)
-                if not int(nvml.nvmlDeviceGetSupportedEventTypes(handle)) & xid_type:
+                supported = int(nvml.nvmlDeviceGetSupportedEventTypes(handle))
+                lacking = frozenset(k for k, bit in wanted.items() if not supported & bit)
+                if lacking == frozenset(wanted):
                     raise nvml.NVMLError(nvml.NVML_ERROR_NOT_SUPPORTED)
-                nvml.nvmlDeviceRegisterEvents(handle, xid_type, event_set)
+                if lacking:
+                    # nvmlDeviceRegisterEvents fails with NOT_SUPPORTED when any requested type
+                    # is unsupported, so those are left out for this GPU only.
+                    log.info(
+                        "GPU %d (%s) does not report %s events%s; they are not watched on it",
+                        gpu.index,
+                        gpu.uuid,
+                        describe_kinds(lacking),
+                        "" if EventKind.XID in lacking else " (its ECC is off, or it has none)",
+                    )
+                    self.unsupported[gpu.uuid] = lacking
+                mask = sum(bit for k, bit in wanted.items() if k not in lacking)
+                nvml.nvmlDeviceRegisterEvents(handle, mask, event_set)
                 self._uuid_by_handle[_handle_key(handle)] = gpu.uuid
             except nvml.NVMLError as exc:
-                error = to_nvml_error(nvml, exc, f"GPU {gpu.index} ({gpu.uuid}): Xid events")
+                error = to_nvml_error(nvml, exc, f"GPU {gpu.index} ({gpu.uuid}): {words} events")
                 log.warning("%s: its health is not watched", error)
                 self.unwatched.append(gpu.uuid)
 
@@ -162,14 +216,23 @@ class XidWatch:
             if is_code(nvml, exc, "NVML_ERROR_TIMEOUT"):
                 return None
             raise to_nvml_error(nvml, exc, "waiting for NVML events") from exc
-        if not int(data.eventType) & int(nvml.nvmlEventTypeXidCriticalError):
+        event_type = int(data.eventType)
+        kind = next(
+            (k for k in self._kinds if event_type & int(getattr(nvml, _NVML_EVENT_TYPE[k]))),
+            None,
+        )
+        if kind is None:
             return None
-        xid = int(data.eventData)
+        # NVML documents eventData and the instance ids for Xid events only.
+        xid = int(data.eventData) if kind is EventKind.XID else 0
+        what = f"Xid {xid}" if kind is EventKind.XID else f"a {_WORDS[kind]} error"
         # By handle first: a GPU that fell off the bus (Xid 79) no longer answers for its UUID.
         gpu_uuid = self._uuid_by_handle.get(_handle_key(data.device))
         if gpu_uuid is None:
-            with nvml_errors(nvml, f"identifying the GPU of Xid {xid}"):
+            with nvml_errors(nvml, f"identifying the GPU of {what}"):
                 gpu_uuid = text(nvml.nvmlDeviceGetUUID(data.device))
+        if kind is not EventKind.XID:
+            return XidEvent(gpu_uuid, 0, kind)
         return XidEvent(self._attribute(gpu_uuid, data), xid)
 
     def _attribute(self, gpu_uuid: str, data: Any) -> str:
@@ -192,9 +255,13 @@ def _handle_key(handle: Any) -> int | None:
 
 
 async def xid_events(
-    nvml: Any, inventory: Inventory, *, wait_ms: int = 500
+    nvml: Any,
+    inventory: Inventory,
+    *,
+    wait_ms: int = 500,
+    kinds: frozenset[EventKind] = EVERY_EVENT_KIND,
 ) -> AsyncIterator[XidEvent]:
     """`XidWatch` as a plain async generator; closing or cancelling it stops the thread."""
-    async with XidWatch(nvml, inventory, wait_ms=wait_ms) as watch:
+    async with XidWatch(nvml, inventory, wait_ms=wait_ms, kinds=kinds) as watch:
         async for event in watch:
             yield event

@@ -1,14 +1,18 @@
-"""Xid health events: from the simulated NVML (method call or node file edit) to the adapter."""
+"""Xid and ECC health events: from the simulated NVML (method call or node file edit) to the
+adapter."""
 
 from __future__ import annotations
 
 import asyncio
+import logging
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
 
 from sharing_plugin.errors import NvmlError
+from sharing_plugin.gpus.health import EventKind
 from sharing_plugin.gpus.nvml import backend_from_spec, discover
 from sharing_plugin.gpus.simulated import SimulatedNvml
 from sharing_plugin.gpus.xid import XidEvent, XidWatch, xid_events
@@ -80,6 +84,95 @@ async def test_a_lost_entry_makes_the_gpu_lost_and_reports_xid_79(tmp_path: Path
         event = await asyncio.wait_for(anext(events), timeout=1.0)
     assert event == XidEvent(inventory.gpus[0].uuid, 79)
     assert not discover(sim).gpus[0].healthy_at_discovery
+
+
+async def test_ecc_errors_reach_the_iterator_naming_the_gpu() -> None:
+    sim = SimulatedNvml.from_preset("a100-mig-mixed")
+    inventory = discover(sim)
+    mig = inventory.gpus[4].mig_devices[1]
+    async with XidWatch(sim, inventory, wait_ms=100) as events:
+        sim.inject_ecc(2, "double")
+        sim.inject_ecc(mig.uuid, "single")  # NVML attributes only Xids: the whole GPU
+        first = await asyncio.wait_for(anext(events), timeout=1.0)
+        second = await asyncio.wait_for(anext(events), timeout=1.0)
+    assert first == XidEvent(inventory.gpus[2].uuid, 0, EventKind.DOUBLE_BIT_ECC)
+    assert second == XidEvent(inventory.gpus[4].uuid, 0, EventKind.SINGLE_BIT_ECC)
+
+
+async def test_an_ecc_entry_in_the_node_file_delivers_one_event(tmp_path: Path) -> None:
+    node = _node_file(tmp_path / "node.yaml")
+    sim = backend_from_spec(f"simulated:{node}")
+    inventory = discover(sim)
+    async with XidWatch(sim, inventory, wait_ms=200) as events:
+        _append_fault(node, {"gpu": 1, "ecc": "double"})
+        event = await asyncio.wait_for(anext(events), timeout=1.0)
+        assert event == XidEvent(inventory.gpus[1].uuid, 0, EventKind.DOUBLE_BIT_ECC)
+        _append_fault(node, {"gpu": 0, "xid": 13})
+        event = await asyncio.wait_for(anext(events), timeout=1.0)
+        assert event == XidEvent(inventory.gpus[0].uuid, 13)  # the ECC entry came only once
+
+
+async def test_only_the_chosen_event_kinds_are_registered() -> None:
+    sim = SimulatedNvml.from_preset("t4x4")
+    inventory = discover(sim)
+    async with XidWatch(sim, inventory, wait_ms=50, kinds=frozenset({EventKind.XID})) as events:
+        sim.inject_ecc(0, "double")  # not registered: NVML does not queue it
+        sim.inject_xid(1, 48)
+        event = await asyncio.wait_for(anext(events), timeout=1.0)
+    assert event == XidEvent(inventory.gpus[1].uuid, 48)
+    ecc_only = frozenset({EventKind.DOUBLE_BIT_ECC})
+    async with XidWatch(sim, inventory, wait_ms=50, kinds=ecc_only) as events:
+        sim.inject_xid(1, 79)
+        sim.inject_ecc(3, "single")
+        sim.inject_ecc(2, "double")
+        event = await asyncio.wait_for(anext(events), timeout=1.0)
+    assert event == XidEvent(inventory.gpus[2].uuid, 0, EventKind.DOUBLE_BIT_ECC)
+
+
+class EccOffOnGpu1(SimulatedNvml):
+    """GPU 1 has ECC turned off: NVML reports no ECC event types for it."""
+
+    def nvmlDeviceGetSupportedEventTypes(self, handle: Any) -> int:
+        import pynvml
+
+        supported = super().nvmlDeviceGetSupportedEventTypes(handle)
+        if self._gpu(handle).index == 1:
+            return supported & int(pynvml.nvmlEventTypeXidCriticalError)
+        return supported
+
+
+async def test_event_types_a_gpu_lacks_are_skipped_on_that_gpu_only(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    sim = EccOffOnGpu1.from_preset("t4x4")
+    inventory = discover(sim)
+    caplog.set_level(logging.INFO, logger="sharing_plugin.gpus.xid")
+    async with XidWatch(sim, inventory, wait_ms=50) as events:
+        assert watch_state(events) == (
+            [],
+            {inventory.gpus[1].uuid: {"double-bit-ecc", "single-bit-ecc"}},
+        )
+        sim.inject_ecc(1, "double")  # not registered on GPU 1
+        sim.inject_xid(1, 79)  # still watched there
+        sim.inject_ecc(2, "double")
+        first = await asyncio.wait_for(anext(events), timeout=1.0)
+        second = await asyncio.wait_for(anext(events), timeout=1.0)
+    assert first == XidEvent(inventory.gpus[1].uuid, 79)
+    assert second == XidEvent(inventory.gpus[2].uuid, 0, EventKind.DOUBLE_BIT_ECC)
+    lines = [r.getMessage() for r in caplog.records if "does not report" in r.getMessage()]
+    assert lines == [
+        f"GPU 1 ({inventory.gpus[1].uuid}) does not report double-bit ECC, single-bit ECC events "
+        "(its ECC is off, or it has none); they are not watched on it"
+    ]
+    # A GPU that supports none of the chosen kinds is not watched at all.
+    async with XidWatch(
+        sim, inventory, wait_ms=50, kinds=frozenset({EventKind.DOUBLE_BIT_ECC})
+    ) as w:
+        assert w.unwatched == [inventory.gpus[1].uuid]
+
+
+def watch_state(watch: XidWatch) -> tuple[list[str], dict[str, set[str]]]:
+    return watch.unwatched, {u: {str(k) for k in ks} for u, ks in watch.unsupported.items()}
 
 
 async def test_the_generator_form_stops_its_thread_when_closed() -> None:

@@ -126,15 +126,14 @@ CASES: dict[str, Valid | Invalid] = {
     "eventTypes xid": Valid(
         f"health: {{eventTypes: [{XID}]}}\n", lambda c: c.health.critical_xids is None
     ),
-    "eventTypes with ECC warns": Valid(
+    "eventTypes with ECC: honoured, no warning": Valid(
         f"health:\n  eventTypes: [{XID}, {DBE}, {SBE}]\n",
         lambda c: c.health.critical_xids is None,
-        (f"health.eventTypes: {DBE}, {SBE}: accepted for compatibility; only Xid critical errors",),
     ),
     "eventTypes without xid: no Xid counts": Valid(
         f"health:\n  eventTypes: [{DBE}]\n  criticalXIDs: [48]\n",
         lambda c: c.health.critical_xids == (),
-        (f"{XID} is not listed, so no Xid marks a GPU Unhealthy", "accepted for compatibility"),
+        (f"{XID} is not listed, so no Xid marks a GPU Unhealthy (double-bit ECC errors",),
     ),
     "eventTypes invalid": Invalid(
         f"health:\n  eventTypes: [{XID}, InvalidEventType]\n",
@@ -330,3 +329,18 @@ def test_accepted_health_sections_round_trip(raw: dict[str, object]) -> None:
     assert not {"disabled", "ignoredXIDs"} & set(dumped["health"])
     again = parse_config(yaml.safe_dump(dumped), file="dump.yaml")
     assert again.config == loaded.config
+
+
+def test_event_types_reach_the_monitor_as_the_reference_registers_them() -> None:
+    def kinds(text: str) -> set[str]:
+        config = parse_config(text, file="c.yaml").config
+        return {str(k) for k in HealthEnv().settings(config.health).event_kinds}
+
+    every = {"xid", "double-bit-ecc", "single-bit-ecc"}
+    assert kinds("version: v1\n") == every  # the reference's default: all three
+    assert kinds("health: {eventTypes: []}\n") == every
+    assert kinds(f"health: {{eventTypes: [{XID}]}}\n") == {"xid"}
+    assert kinds(f"health: {{eventTypes: [{DBE}, {SBE}]}}\n") == {
+        "double-bit-ecc",
+        "single-bit-ecc",
+    }

@@ -1,4 +1,5 @@
-"""The health state machine: Xids, lost GPUs, recovery checks with backoff and a quiet period."""
+"""The health state machine: Xids, ECC errors, lost GPUs, recovery checks with backoff and a
+quiet period."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from plan_factory import gpu, gpu_uuid, mig_uuid, node
 
-from sharing_plugin.gpus.health import Cause, HealthTracker, RecoveryTiming, XidPolicy
+from sharing_plugin.gpus.health import Cause, EventKind, HealthTracker, RecoveryTiming, XidPolicy
 
 DEFAULT_IGNORED = frozenset({13, 31, 43, 45, 68, 109})
 TIMING = RecoveryTiming(quiet_period_s=60, first_check_s=30, max_check_s=300)
@@ -82,6 +83,60 @@ def test_an_unattributable_xid_marks_every_gpu(uuid: str | None) -> None:
 def test_an_ignored_xid_without_a_device_is_still_ignored() -> None:
     t = tracker()
     assert t.on_xid(None, 43, now=0) is None
+
+
+def test_a_double_bit_ecc_error_marks_the_gpu_whatever_the_xid_policy() -> None:
+    # Xid 48 (the driver's Xid for the same error) ignored and nothing in `only`: the ECC event
+    # is no Xid, so the policy does not apply to it.
+    inventory = node(gpu(0), gpu(1, migs=("3g.40gb", "1g.10gb")), gpu(2))
+    policy = XidPolicy(ignored=frozenset({48}), only=frozenset())
+    t = HealthTracker(inventory, policy=policy, timing=TIMING)
+    assert t.on_xid(gpu_uuid(1), 48, now=0) is None
+    change = t.on_ecc(gpu_uuid(1), EventKind.DOUBLE_BIT_ECC, now=5)
+    assert change is not None
+    assert (change.devices, change.healthy, change.cause, change.xid) == (
+        (gpu_uuid(1),),
+        False,
+        Cause.DOUBLE_BIT_ECC,
+        None,
+    )
+    assert change.message == (
+        f"GPU 1 ({gpu_uuid(1)}) marked Unhealthy, with every device it backs: double-bit ECC "
+        "error (uncorrectable memory error)"
+    )
+    assert unhealthy(t) == {gpu_uuid(1)}
+    # It recovers like any other fault: checked at 35, Healthy once quiet for 60 s.
+    assert t.next_deadline() == 35
+    assert t.on_check(gpu_uuid(1), answered=True, now=65) is not None
+    assert all(t.health.values())
+
+
+def test_a_single_bit_ecc_error_changes_nothing() -> None:
+    t = tracker()
+    assert t.on_ecc(gpu_uuid(2), EventKind.SINGLE_BIT_ECC, now=0) is None
+    assert t.on_ecc(None, EventKind.SINGLE_BIT_ECC, now=0) is None
+    assert unhealthy(t) == set() and t.next_deadline() is None
+
+
+def test_an_unattributable_double_bit_ecc_error_marks_every_gpu() -> None:
+    t = tracker()
+    change = t.on_ecc("GPU-not-on-this-node", EventKind.DOUBLE_BIT_ECC, now=0)
+    assert change is not None and change.cause is Cause.DOUBLE_BIT_ECC
+    assert change.devices == (gpu_uuid(0), gpu_uuid(1), gpu_uuid(2))
+    assert "cannot be attributed" in change.message
+
+
+def test_an_ecc_error_during_an_outage_postpones_recovery() -> None:
+    t = tracker()
+    t.on_xid(gpu_uuid(2), 79, now=0)
+    assert t.on_ecc(gpu_uuid(2), EventKind.DOUBLE_BIT_ECC, now=50) is None  # no new change
+    assert t.on_check(gpu_uuid(2), answered=True, now=60) is None
+    assert t.next_deadline() == 110
+
+
+def test_an_xid_is_not_an_ecc_event() -> None:
+    with pytest.raises(ValueError, match="on_xid"):
+        tracker().on_ecc(gpu_uuid(0), EventKind.XID, now=0)
 
 
 def test_a_lost_gpu_is_unhealthy() -> None:
@@ -196,7 +251,9 @@ def test_timing_is_validated() -> None:
 
 _events = st.lists(
     st.tuples(
-        st.sampled_from(["xid", "lost", "check-ok", "check-fail"]),
+        st.sampled_from(
+            ["xid", "double-bit-ecc", "single-bit-ecc", "lost", "check-ok", "check-fail"]
+        ),
         st.sampled_from([gpu_uuid(0), gpu_uuid(1), mig_uuid(1, 0), None]),
         st.sampled_from([13, 48, 79, 94]),
         st.floats(0, 200),
@@ -221,6 +278,8 @@ def test_reported_changes_replay_to_the_tracked_health(
         now += step
         if kind == "xid":
             change = t.on_xid(uuid, xid, now)
+        elif kind.endswith("-ecc"):
+            change = t.on_ecc(uuid, EventKind(kind), now)
         elif kind == "lost":
             change = t.on_lost(uuid or gpu_uuid(2), now)
         else:

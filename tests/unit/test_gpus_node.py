@@ -55,6 +55,16 @@ def test_an_explicit_name_seeds_the_identity(tmp_path: Path) -> None:
         ("gpus: [{product: Tesla T4, count: 0}]\n", "gpus[0].count", "greater than or equal"),
         ("gpus: [{product: Tesla T4}]\nnvlink: some\n", "nvlink", "'all' or 'none'"),
         ("gpus: [{product: Tesla T4}]\nfaults: [{gpu: 0}]\n", "faults[0]", "exactly one"),
+        (
+            "gpus: [{product: Tesla T4}]\nfaults: [{gpu: 0, xid: 48, ecc: double}]\n",
+            "faults[0]",
+            "exactly one of 'xid' (an Xid number), 'ecc' (double or single) or 'lost'",
+        ),
+        (
+            "gpus: [{product: Tesla T4}]\nfaults: [{gpu: 0, ecc: triple}]\n",
+            "faults[0].ecc",
+            "'double'",
+        ),
         ("gpus: [{product: Tesla T4, colour: red}]\n", "gpus[0].colour", "Extra inputs"),
         ("- just a list\n", "", "a mapping with 'gpus'"),
         ("gpus: [\n", "", "not valid YAML"),
@@ -82,8 +92,13 @@ def test_reading_faults_tolerates_a_half_written_file(tmp_path: Path) -> None:
     node = tmp_path / "node.yaml"
     node.write_text(
         "gpus: [{product: Tesla T4}]\nfaults:\n  - {gpu: 0, xid: 48}\n  - {gpu: 1, lost: true}\n"
+        "  - {gpu: 1, ecc: double}\n"
     )
-    assert read_faults(node) == (Fault(gpu=0, xid=48), Fault(gpu=1, lost=True))
+    assert read_faults(node) == (
+        Fault(gpu=0, xid=48),
+        Fault(gpu=1, lost=True),
+        Fault(gpu=1, ecc="double"),
+    )
     node.write_text("gpus: [{product: Tesla T4}]\nfaults:\n  - {gpu: 0, xi")
     assert read_faults(node) is None
     assert read_faults(tmp_path / "absent.yaml") is None
