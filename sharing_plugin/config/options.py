@@ -122,7 +122,8 @@ class Health(Strict):
     critical_xids: CriticalXids = Field(None, alias="criticalXIDs")
     """Which Xids mark a GPU Unhealthy: all (absent) or only the listed ones."""
     event_types: tuple[EventType, ...] | None = None
-    """NVML event types to watch (reference plugin); Xid critical errors are watched here."""
+    """NVML event types to watch (reference plugin); absent or empty: Xid critical errors,
+    double-bit and single-bit ECC errors. A double-bit ECC error marks its GPU Unhealthy."""
     disabled: StrictBool | None = None
     """The reference's spelling of enabled: false."""
     ignored_xids_reference: tuple[Xid, ...] | None = Field(None, alias="ignoredXIDs")
