@@ -288,6 +288,8 @@ class HealthMonitor:
 
     async def _on_event(self, event: XidEvent, now: float) -> None:
         if event.kind is not EventKind.XID:
+            if self._metrics is not None:
+                self._metrics.count_ecc_event(event.uuid, event.kind.value)
             if event.kind is EventKind.SINGLE_BIT_ECC:
                 log.info(
                     "GPU health: single-bit ECC error on %s, corrected by the GPU; its health "

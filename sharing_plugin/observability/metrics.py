@@ -124,6 +124,12 @@ class Metrics:
             ["gpu", "xid"],
             registry=r,
         )
+        self._gpu_ecc_events = Counter(
+            f"{_PREFIX}_gpu_ecc_events",
+            "NVML ECC error events received, by GPU UUID and kind (single-bit, double-bit).",
+            ["gpu", "kind"],
+            registry=r,
+        )
         self._gpu_healthy = Gauge(
             f"{_PREFIX}_gpu_healthy",
             "1 when the GPU is Healthy, 0 while it is marked Unhealthy.",
@@ -175,6 +181,9 @@ class Metrics:
 
     def count_health_event(self, gpu: str, xid: int) -> None:
         self._gpu_health_events.labels(gpu, str(xid)).inc()
+
+    def count_ecc_event(self, gpu: str, kind: str) -> None:
+        self._gpu_ecc_events.labels(gpu, kind).inc()
 
     def set_gpu_healthy(self, gpu: str, healthy: bool) -> None:
         self._gpu_healthy.labels(gpu).set(1 if healthy else 0)

@@ -94,6 +94,12 @@ async def test_a_single_bit_ecc_error_changes_nothing(short_dir: Path) -> None:
         await run.kubelet.wait_for(lambda: unhealthy(run) == expected, timeout=1.0)
         assert run.daemon.health[run.nvml.gpus[1].uuid]
         assert run.allocatable() == {GPU: 6}
+        # Counted, though it changes nothing.
+        gpu1 = run.nvml.gpus[1].uuid
+        assert (
+            f'sharing_plugin_gpu_ecc_events_total{{gpu="{gpu1}",kind="single-bit-ecc"}} 1.0'
+            in run.daemon.metrics.render().decode()
+        )
 
 
 async def test_event_types_without_double_bit_ecc_leave_it_unwatched(short_dir: Path) -> None:
