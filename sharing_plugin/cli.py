@@ -25,6 +25,7 @@ from sharing_plugin.daemon.logs import configure as configure_logging
 from sharing_plugin.errors import ConfigError, PlanError, SharingPluginError
 from sharing_plugin.gpus.nvml import backend_from_spec, discover
 from sharing_plugin.mig.desired import mig_actions
+from sharing_plugin.mig.predict import PLANNED_PREFIX, is_planned, predicted_inventory
 from sharing_plugin.observability.http_server import parse_metrics_address
 from sharing_plugin.plan import plan
 from sharing_plugin.plan.render import plan_json, plan_table
@@ -136,7 +137,8 @@ def _cmd_plan(args: argparse.Namespace) -> int:
         inventory = discover(backend, fail_on_init_error=config.flags.fail_on_init_error)
         # Nothing is held here: the command sees the node, not its pods.
         mig = mig_actions(config, inventory)
-        result = plan(config, inventory)
+        # What the node will advertise once its declared MIG layouts are applied.
+        result = plan(config, predicted_inventory(inventory, mig.actions))
     except PlanError as exc:
         for problem in (*mig.problems, *exc.problems):
             print(problem_line(problem, file=args.config, config_name=name))
@@ -151,6 +153,13 @@ def _cmd_plan(args: argparse.Namespace) -> int:
             print(problem_line(problem, file=args.config, config_name=name))
         return EXIT_INVALID
     warnings = list(inventory.warnings)
+    planned = sum(1 for r in result.resources for d in r.devices if is_planned(d.physical))
+    if planned:
+        warnings.append(
+            f"{planned} device(s) are on MIG instances that do not exist yet: the plugin creates "
+            f"them when it applies partitioning.mig; their {PLANNED_PREFIX}... IDs here stand "
+            "in for the UUIDs NVML will give them"
+        )
     if args.format == "json":
         layouts = [action.to_json() for action in mig.actions]
         document = plan_json(result, config_name=name, mig=layouts, warnings=warnings)

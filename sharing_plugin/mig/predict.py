@@ -18,6 +18,11 @@ from sharing_plugin.mig.desired import GpuMigAction
 PLANNED_PREFIX = "MIG-planned-"
 
 
+def is_planned(uuid: str) -> bool:
+    """Whether `uuid` is a placeholder for a MIG device that is yet to be created."""
+    return uuid.startswith(PLANNED_PREFIX)
+
+
 def predicted_inventory(inventory: Inventory, actions: Iterable[GpuMigAction]) -> Inventory:
     """`inventory` with each changing GPU's MIG mode and devices as its action leaves them."""
     changed = {a.gpu.uuid: a for a in actions if a.changes}

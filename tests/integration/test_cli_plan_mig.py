@@ -109,3 +109,24 @@ def test_layout_naming_a_missing_gpu_is_rejected(
     lines = capsys.readouterr().out.splitlines()
     assert any("partitioning.mig[2].devices[0]: GPU 6 does not exist" in line for line in lines)
     assert all(line.startswith(f"{example}:") for line in lines)
+
+
+def test_resources_are_those_the_applied_layout_will_advertise(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = tmp_path / "layout.yaml"
+    config.write_text(LAYOUT)
+    assert _plan(config, "a100-mig-mixed", "--format", "json") == 0
+    document = json.loads(capsys.readouterr().out)
+    by_name = {r["name"]: r["devices"] for r in document["resources"]}
+    # GPU 0 keeps its 3g.40gb and 1g.10gb@6 and gets two new 1g.10gb; GPU 3 becomes a 7g.80gb.
+    gpu0 = [d["physical"] for d in by_name["nvidia.com/mig-1g.10gb"]]
+    kept = MIXED.gpus[0].mig_devices[2].uuid
+    assert kept in gpu0 and "MIG-planned-0-4" in gpu0 and "MIG-planned-0-5" in gpu0
+    assert [d["physical"] for d in by_name["nvidia.com/mig-7g.80gb"]] == ["MIG-planned-3-0"]
+    assert MIXED.gpus[0].mig_devices[1].uuid not in {
+        d["physical"] for devices in by_name.values() for d in devices
+    }  # the destroyed 2g.20gb is gone
+    assert any(
+        "3 device(s) are on MIG instances that do not exist yet" in w for w in document["warnings"]
+    )
