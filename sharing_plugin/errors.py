@@ -9,7 +9,8 @@
     ├── AllocationError      a kubelet request the plan refuses (maps to INVALID_ARGUMENT)
     ├── KubeletError         registration or socket trouble with kubelet
     ├── KubeApiError         the Kubernetes API refused or failed a request (node label watch)
-    └── MetricsServerError   the metrics/health HTTP address cannot be listened on
+    ├── MetricsServerError   the metrics/health HTTP address cannot be listened on
+    └── StartupError         the daemon cannot start at all (GPUs unreadable with failOnInitError)
 
 Library errors are translated at the adapter boundary (`raise ... from exc`); only the entry point
 turns errors into exit codes.
@@ -96,3 +97,7 @@ class KubeApiError(SharingPluginError):
 
 class MetricsServerError(SharingPluginError):
     """The metrics/health HTTP server cannot listen on its address (in use, not local, ...)."""
+
+
+class StartupError(SharingPluginError):
+    """The daemon cannot start at all (e.g. NVML does not answer and failOnInitError is set)."""

@@ -33,7 +33,13 @@ from sharing_plugin.daemon.layouts import MigLayouts
 from sharing_plugin.daemon.mig import MigReconciler
 from sharing_plugin.daemon.supervisor import Supervisor
 from sharing_plugin.daemon.tasks import TaskOwner
-from sharing_plugin.errors import PlanError, SharingPluginError
+from sharing_plugin.errors import (
+    ConfigError,
+    NvmlError,
+    PlanError,
+    SharingPluginError,
+    StartupError,
+)
 from sharing_plugin.gpus.inventory import Inventory
 from sharing_plugin.gpus.nvml import backend_from_spec, discover
 from sharing_plugin.kubelet.podresources import PodResourcesClient
@@ -275,6 +281,8 @@ class Daemon:
             except PlanError as exc:
                 self._reject(self._placed(exc, loaded, update.name), update.reason)
                 return
+            except StartupError:
+                raise
             except SharingPluginError as exc:
                 self._reject(exc, update.reason)
                 return
@@ -301,6 +309,8 @@ class Daemon:
 
     def _ensure_health_monitor(self, config: Config, inventory: Inventory) -> None:
         settings = self.options.health_env.settings(config.health)
+        if self._health_monitor is None and not inventory.gpus:
+            return  # nothing to watch (NVML absent with failOnInitError: false)
         if self._health_monitor is not None:
             self._health_monitor.update_settings(settings)
             return
@@ -323,8 +333,9 @@ class Daemon:
 
     def _reject(self, error: Exception | str, reason: str) -> None:
         lines = str(error).splitlines() or [str(error)]
+        what = "config rejected" if isinstance(error, ConfigError | str) else "cannot apply config"
         for line in lines:
-            log.error("config rejected (%s): %s", reason, line)
+            log.error("%s (%s): %s", what, reason, line)
         if self._loaded is not None:
             log.error("keeping the last good config (generation %d)", self._generation)
         self.status.set_error(lines[0] if len(lines) == 1 else "; ".join(lines))
@@ -332,9 +343,18 @@ class Daemon:
 
     async def _inventory_for(self, config: Config) -> Inventory:
         if self._inventory is None:
-            self._inventory = await asyncio.to_thread(
-                discover, self.nvml, fail_on_init_error=config.flags.fail_on_init_error
-            )
+            try:
+                self._inventory = await asyncio.to_thread(
+                    discover, self.nvml, fail_on_init_error=config.flags.fail_on_init_error
+                )
+            except NvmlError as exc:
+                # failOnInitError means what it means in the reference plugin: the plugin does
+                # not start on a node whose GPUs it cannot read (kubelet restarts it, and the
+                # pod's state shows why). Raised past the config handling, out of start().
+                raise StartupError(
+                    f"{exc} (flags.failOnInitError is true; set it to false to start without "
+                    "the GPUs that do not answer)"
+                ) from exc
             for warning in self._inventory.warnings:
                 log.warning("%s", warning)
         return self._inventory
