@@ -3,11 +3,13 @@
 The reference plugin prefixes a bare name with `nvidia.com/`; kubelet then refuses any name that
 is not a valid extended resource name, but only when the plugin registers, long after the config
 was accepted. We check the same rules up front so a typo fails `validate`, not a node.
+Names are matched with the reference's `*`-only globs (resource patterns, product selectors).
 """
 
 from __future__ import annotations
 
 import re
+from functools import lru_cache
 
 from pydantic_core import PydanticCustomError
 
@@ -59,8 +61,12 @@ def check_pattern(pattern: str) -> str:
     return pattern
 
 
-def glob_to_regex(pattern: str) -> re.Pattern[str]:
-    """The anchored regex for a `*`-only glob, as the reference plugin matches patterns."""
-    return re.compile(
-        "".join(".*" if part == "*" else re.escape(part) for part in re.split(r"(\*)", pattern))
-    )
+@lru_cache(maxsize=256)
+def _glob_regex(pattern: str) -> re.Pattern[str]:
+    return re.compile("^" + ".*".join(re.escape(part) for part in pattern.split("*")) + "$")
+
+
+def glob_matches(pattern: str, text: str) -> bool:
+    """True when `text` matches `pattern`, a glob whose only wildcard is `*`, anchored at both
+    ends: the reference plugin's ResourcePattern, used for resource patterns and product globs."""
+    return _glob_regex(pattern).match(text) is not None

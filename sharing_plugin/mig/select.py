@@ -10,9 +10,7 @@ here, against the inventory, and is reported the same way.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
-from functools import lru_cache
 
 from sharing_plugin.config.model import (
     GpuIndexRef,
@@ -23,6 +21,7 @@ from sharing_plugin.config.model import (
     ProductRef,
     UuidRef,
 )
+from sharing_plugin.config.names import glob_matches
 from sharing_plugin.errors import Problem
 from sharing_plugin.gpus.catalog import model_for
 from sharing_plugin.gpus.inventory import Gpu, Inventory
@@ -41,12 +40,6 @@ class SelectedLayout:
 
 def entry_path(entry: int) -> str:
     return f"partitioning.mig[{entry}]"
-
-
-@lru_cache(maxsize=64)
-def _compile(pattern: str) -> re.Pattern[str]:
-    # Same glob as everywhere in the config: `*` is the only wildcard, anchored at both ends.
-    return re.compile("^" + ".*".join(re.escape(part) for part in pattern.split("*")) + "$")
 
 
 def _mig_capable(gpu: Gpu) -> bool:
@@ -100,7 +93,7 @@ def _select(
             continue
         elif isinstance(ref, ProductRef):
             # A product that is not on this node selects nothing: one ConfigMap serves a fleet.
-            matched = [g for g in inventory.gpus if _compile(ref.product).match(g.product)]
+            matched = [g for g in inventory.gpus if glob_matches(ref.product, g.product)]
             missing = ""
         if not matched and missing:
             problems.append(Problem(ref_path, f"{missing}: remove it or fix the reference"))

@@ -16,10 +16,11 @@ from sharing_plugin.config.model import (
     MigStrategy,
     ResourcePattern,
 )
+from sharing_plugin.config.names import glob_matches
 from sharing_plugin.errors import PlanError, Problem
 from sharing_plugin.gpus.inventory import Gpu, Inventory, MigDevice
 from sharing_plugin.plan.model import DeviceId, Plan, ResourcePlan, VirtualDevice
-from sharing_plugin.plan.share import BaseDevices, apply_sharing, glob_matches
+from sharing_plugin.plan.share import BaseDevices, apply_sharing
 
 DEFAULT_GPU_RESOURCE = "nvidia.com/gpu"
 MIG_STRATEGY_PATH = "flags.migStrategy"

@@ -9,9 +9,7 @@ their original name, unshared.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, replace
-from functools import lru_cache
 
 from sharing_plugin.config.model import (
     Config,
@@ -25,6 +23,7 @@ from sharing_plugin.config.model import (
     SharingKind,
     UuidRef,
 )
+from sharing_plugin.config.names import glob_matches
 from sharing_plugin.errors import Problem
 from sharing_plugin.gpus.inventory import Inventory
 from sharing_plugin.plan.model import ResourcePlan, VirtualDevice, replica_id
@@ -53,17 +52,6 @@ class _Share:
     target: str
     replicas: int
     path: str
-
-
-@lru_cache(maxsize=256)
-def _compile(pattern: str) -> re.Pattern[str]:
-    # The reference's ResourcePattern: `*` is the only wildcard, and the match is anchored.
-    return re.compile("^" + ".*".join(re.escape(part) for part in pattern.split("*")) + "$")
-
-
-def glob_matches(pattern: str, text: str) -> bool:
-    """True when `text` matches `pattern`, an anchored glob whose only wildcard is `*`."""
-    return _compile(pattern).match(text) is not None
 
 
 def _device_order(device: VirtualDevice) -> tuple[int, int, int]:
