@@ -51,10 +51,6 @@ class ConfigUpdate:
     error: ConfigError | None
     reason: str
 
-    @property
-    def ok(self) -> bool:
-        return self.error is None
-
 
 def _fingerprint(update: ConfigUpdate) -> tuple[object, ...]:
     if update.error is not None:

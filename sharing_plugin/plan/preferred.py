@@ -29,11 +29,6 @@ _TOPOLOGY_SCORE = {
 _SAME_NUMA = 20
 
 
-def pair_score(a: VirtualDevice, b: VirtualDevice, inventory: Inventory | None) -> int:
-    """How well two whole GPUs work together; higher is better."""
-    return _score_matrix([a, b], inventory)[0][1]
-
-
 def _score_matrix(pool: Sequence[VirtualDevice], inventory: Inventory | None) -> list[list[int]]:
     n = len(pool)
     indexes: list[int | None] = []
