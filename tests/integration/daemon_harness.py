@@ -9,6 +9,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from sharing_plugin.daemon.app import Daemon, RunOptions
 from sharing_plugin.gpus.nvml import backend_from_spec
 from sharing_plugin.kubelet.simulator import KubeletSimulator
@@ -20,6 +22,22 @@ async def eventually(predicate: Callable[[], bool], within: float = 5.0) -> None
     async with asyncio.timeout(within):
         while not predicate():  # noqa: ASYNC110 -- the daemon's state has no event to wait on
             await asyncio.sleep(0.01)
+
+
+def node_file(root: Path, description: dict[str, Any]) -> Path:
+    """A simulated node's description, written as `root/node.yaml` (`--gpus simulated:PATH`)."""
+    path = root / "node.yaml"
+    path.write_text(yaml.safe_dump(description), encoding="utf-8")
+    return path
+
+
+def append_fault(path: Path, fault: dict[str, Any]) -> None:
+    """Append one entry to the node file's `faults`, replacing the file in one rename."""
+    data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    data["faults"] = [*(data.get("faults") or []), fault]
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(yaml.safe_dump(data), encoding="utf-8")
+    tmp.replace(path)
 
 
 @dataclass

@@ -14,8 +14,7 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
-import yaml
-from daemon_harness import Running, running
+from daemon_harness import Running, append_fault, node_file, running
 
 GPU = "nvidia.com/gpu"
 NODE: dict[str, Any] = {
@@ -32,20 +31,6 @@ sharing:
       - name: gpu
         replicas: 2
 """
-
-
-def node_file(root: Path) -> Path:
-    path = root / "node.yaml"
-    path.write_text(yaml.safe_dump(NODE), encoding="utf-8")
-    return path
-
-
-def append_fault(path: Path, fault: dict[str, Any]) -> None:
-    data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    data["faults"] = [*(data.get("faults") or []), fault]
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(yaml.safe_dump(data), encoding="utf-8")
-    tmp.replace(path)
 
 
 def unhealthy(run: Running) -> set[str]:
@@ -66,7 +51,7 @@ async def watching(run: Running) -> None:
 
 
 async def test_a_double_bit_ecc_error_drops_exactly_that_gpus_devices(short_dir: Path) -> None:
-    node = node_file(short_dir)
+    node = node_file(short_dir, NODE)
     # Xid 48, the driver's Xid for the same error, ignored: the ECC event still counts.
     config = SHARED + "health:\n  ignoredXids: [13, 31, 43, 45, 48, 68, 109]\n"
     async with running(short_dir, config, gpus=f"simulated:{node}") as run:
@@ -85,7 +70,7 @@ async def test_a_double_bit_ecc_error_drops_exactly_that_gpus_devices(short_dir:
 
 
 async def test_a_single_bit_ecc_error_changes_nothing(short_dir: Path) -> None:
-    node = node_file(short_dir)
+    node = node_file(short_dir, NODE)
     async with running(short_dir, SHARED, gpus=f"simulated:{node}") as run:
         await watching(run)
         run.nvml.inject_ecc(1, "single")
@@ -103,7 +88,7 @@ async def test_a_single_bit_ecc_error_changes_nothing(short_dir: Path) -> None:
 
 
 async def test_event_types_without_double_bit_ecc_leave_it_unwatched(short_dir: Path) -> None:
-    node = node_file(short_dir)
+    node = node_file(short_dir, NODE)
     config = SHARED + "health:\n  eventTypes: [EventTypeXidCriticalError]\n"
     async with running(short_dir, config, gpus=f"simulated:{node}") as run:
         await watching(run)
@@ -116,7 +101,7 @@ async def test_event_types_without_double_bit_ecc_leave_it_unwatched(short_dir: 
 
 
 async def test_event_types_without_xids_leave_xids_unwatched(short_dir: Path) -> None:
-    node = node_file(short_dir)
+    node = node_file(short_dir, NODE)
     config = SHARED + "health:\n  eventTypes: [EventTypeDoubleBitEccError]\n"
     async with running(short_dir, config, gpus=f"simulated:{node}") as run:
         await watching(run)

@@ -14,8 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
-from daemon_harness import Running, running
+from daemon_harness import Running, append_fault, node_file, running
 
 from sharing_plugin.daemon.health import HealthEnv
 from sharing_plugin.kubelet.sim_admission import AdmissionError
@@ -85,21 +84,6 @@ health:
   recoveryCheckSeconds: 1
   recoveryCheckMaxSeconds: 1
 """
-
-
-def node_file(root: Path, description: dict[str, Any]) -> Path:
-    path = root / "node.yaml"
-    path.write_text(yaml.safe_dump(description), encoding="utf-8")
-    return path
-
-
-def append_fault(path: Path, fault: dict[str, Any]) -> None:
-    """Append one entry to the node file's `faults`, replacing the file in one rename."""
-    data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    data["faults"] = [*(data.get("faults") or []), fault]
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(yaml.safe_dump(data), encoding="utf-8")
-    tmp.replace(path)
 
 
 def unhealthy(run: Running) -> dict[str, set[str]]:
