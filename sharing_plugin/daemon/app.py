@@ -429,5 +429,4 @@ class Daemon:
 def _present(nodes: tuple[str, ...], dev_root: str) -> tuple[str, ...]:
     """The control device nodes that exist under `dev_root` (the reference stats each one)."""
     root = Path(dev_root)
-    found = tuple(n for n in nodes if (root / n.lstrip("/")).exists())
-    return found
+    return tuple(n for n in nodes if (root / n.lstrip("/")).exists())

@@ -50,10 +50,6 @@ class MigLayouts:
         self._pending = False
         self._retrying: asyncio.Task[None] | None = None
 
-    @property
-    def pending(self) -> bool:
-        return self._pending
-
     async def apply(self, config: Config, inventory: Inventory) -> tuple[Inventory, bool]:
         """Make the GPUs match `config`; returns the node as it is now and whether it changed.
 
