@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import shutil
-import tempfile
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import grpc
@@ -18,16 +16,8 @@ GPU = "example.com/gpu"
 
 
 @pytest.fixture
-def kubelet_dir() -> Iterator[Path]:
-    # tmp_path is too long for AF_UNIX socket paths; keep them well under 100 bytes.
-    path = Path(tempfile.mkdtemp(prefix="k", dir="/tmp"))
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
-
-
-@pytest.fixture
-async def kubelet(kubelet_dir: Path) -> AsyncIterator[KubeletSimulator]:
-    async with KubeletSimulator(kubelet_dir, grace_period=0.2, dial_timeout=0.5) as sim:
+async def kubelet(short_dir: Path) -> AsyncIterator[KubeletSimulator]:
+    async with KubeletSimulator(short_dir, grace_period=0.2, dial_timeout=0.5) as sim:
         yield sim
 
 

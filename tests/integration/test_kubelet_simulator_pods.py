@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import shutil
-import tempfile
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import grpc
@@ -21,15 +19,8 @@ NIC = "example.com/nic"
 
 
 @pytest.fixture
-def kubelet_dir() -> Iterator[Path]:
-    path = Path(tempfile.mkdtemp(prefix="k", dir="/tmp"))
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
-
-
-@pytest.fixture
-async def kubelet(kubelet_dir: Path) -> AsyncIterator[KubeletSimulator]:
-    async with KubeletSimulator(kubelet_dir, grace_period=0.2, dial_timeout=0.5) as sim:
+async def kubelet(short_dir: Path) -> AsyncIterator[KubeletSimulator]:
+    async with KubeletSimulator(short_dir, grace_period=0.2, dial_timeout=0.5) as sim:
         yield sim
 
 
