@@ -135,16 +135,17 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     config = loaded.config
     try:
         inventory = discover(backend, fail_on_init_error=config.flags.fail_on_init_error)
-        # Nothing is held here: the command sees the node, not its pods.
-        mig = mig_actions(config, inventory)
+    except SharingPluginError as exc:
+        print(f"sharing-plugin plan: {args.gpus}: {exc}", file=sys.stderr)
+        return EXIT_INVALID
+    # Nothing is held here: the command sees the node, not its pods.
+    mig = mig_actions(config, inventory)
+    try:
         # What the node will advertise once its declared MIG layouts are applied.
         result = plan(config, predicted_inventory(inventory, mig.actions))
     except PlanError as exc:
         for problem in (*mig.problems, *exc.problems):
             print(problem_line(problem, file=args.config, config_name=name))
-        return EXIT_INVALID
-    except SharingPluginError as exc:
-        print(f"sharing-plugin plan: {args.gpus}: {exc}", file=sys.stderr)
         return EXIT_INVALID
     for warning in loaded.warnings:
         print(f"warning: {loaded.file}: {warning}", file=sys.stderr)

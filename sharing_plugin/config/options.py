@@ -72,7 +72,7 @@ class Flags(Strict):
     mig_strategy: MigStrategy = MigStrategy.NONE
     """How MIG devices are advertised: none, single (as nvidia.com/gpu) or mixed (per profile)."""
     fail_on_init_error: StrictBool = True
-    """Exit when GPUs cannot be initialised (false: log and wait)."""
+    """Exit at start when NVML cannot read the GPUs (false: start with those that answer)."""
     nvidia_driver_root: StrictStr = "/"
     """Root of the NVIDIA driver installation on the host."""
     nvidia_dev_root: StrictStr = "/"
