@@ -20,7 +20,7 @@ from sharing_plugin.daemon.app import Daemon, RunOptions
 from sharing_plugin.kubelet.simulator import KubeletSimulator
 
 DEMO_PRESET = "dgx-a100-80gb"
-SAMPLE_RESOURCE = "nvidia.com/gpu"
+SAMPLE_RESOURCE = "nvidia.com/gpu.shared"
 
 Print = Callable[[str], None]
 
@@ -109,16 +109,18 @@ async def run_demo(*, once: bool, say: Print = print, workdir: Path | None = Non
 async def _follow(kubelet: KubeletSimulator, daemon: Daemon, say: Print) -> None:
     shown = _snapshot(kubelet)
     stopped = asyncio.ensure_future(daemon.wait_stopped())
+    waits: list[asyncio.Future[None]] = [stopped]
     try:
         while not stopped.done():
             node = asyncio.ensure_future(kubelet.wait_for(_differs(kubelet, shown), timeout=3600))
             update = asyncio.ensure_future(daemon.next_update())
-            await asyncio.wait({stopped, node, update}, return_when=asyncio.FIRST_COMPLETED)
+            waits = [stopped, node, update]
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+            handled = update.done() and not update.cancelled()
             for pending in (node, update):
-                if not pending.done():
-                    pending.cancel()
+                pending.cancel()
             await asyncio.gather(node, update, return_exceptions=True)
-            if update.done() and not update.cancelled() and daemon.status.last_error:
+            if handled and daemon.status.last_error:
                 say(f"config rejected, the last good one keeps serving: {daemon.status.last_error}")
             if _snapshot(kubelet) != shown:
                 shown = _snapshot(kubelet)
@@ -126,5 +128,6 @@ async def _follow(kubelet: KubeletSimulator, daemon: Daemon, say: Print) -> None
                 for line in _node_view(kubelet):
                     say(line)
     finally:
-        stopped.cancel()
-        await asyncio.gather(stopped, return_exceptions=True)
+        for wait in waits:
+            wait.cancel()
+        await asyncio.gather(*waits, return_exceptions=True)

@@ -245,6 +245,7 @@ def test_demo_once_exits_0() -> None:
     done = cli("demo", "--once")
     assert done.returncode == 0, done.stdout + done.stderr
     assert "NVIDIA_VISIBLE_DEVICES=" in done.stdout
+    assert "nvidia.com/gpu.shared: 16" in done.stdout and "nvidia.com/gpu:        4" in done.stdout
 
 
 # -- run ----------------------------------------------------------------------------------------
