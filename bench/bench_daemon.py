@@ -46,7 +46,8 @@ from k8s_fake import ConfigMapVolume, FakeKubeApi  # noqa: E402
 from plugin_process import PluginProcess  # noqa: E402
 
 from sharing_plugin.config.nodelabel import DEFAULT_LABEL, KubeClient  # noqa: E402
-from sharing_plugin.daemon.app import Daemon, RunOptions  # noqa: E402
+from sharing_plugin.daemon.app import Daemon  # noqa: E402
+from sharing_plugin.daemon.options import RunOptions  # noqa: E402
 from sharing_plugin.kubelet.simulator import KubeletSimulator  # noqa: E402
 
 GPU = "nvidia.com/gpu"

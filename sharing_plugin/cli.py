@@ -18,10 +18,11 @@ from pathlib import Path
 
 from sharing_plugin.config import load_configs, schema_text, select
 from sharing_plugin.config.locate import problem_line
-from sharing_plugin.daemon.app import DEFAULT_CONFIG_LABEL, Daemon, RunOptions
+from sharing_plugin.daemon.app import Daemon
 from sharing_plugin.daemon.demo import run_demo
 from sharing_plugin.daemon.health import HealthEnv
 from sharing_plugin.daemon.logs import configure as configure_logging
+from sharing_plugin.daemon.options import DEFAULT_CONFIG_LABEL, RunOptions
 from sharing_plugin.errors import ConfigError, PlanError, SharingPluginError
 from sharing_plugin.gpus.nvml import backend_from_spec, discover
 from sharing_plugin.mig.desired import mig_actions

@@ -18,7 +18,6 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -28,9 +27,10 @@ from sharing_plugin.config.locate import problem_line
 from sharing_plugin.config.model import Config
 from sharing_plugin.config.nodelabel import KubeClient, NodeLabelWatcher
 from sharing_plugin.config.source import ConfigSource, ConfigUpdate
-from sharing_plugin.daemon.health import HealthEnv, HealthMonitor
+from sharing_plugin.daemon.health import HealthMonitor
 from sharing_plugin.daemon.layouts import MigLayouts
 from sharing_plugin.daemon.mig import MigReconciler
+from sharing_plugin.daemon.options import RunOptions
 from sharing_plugin.daemon.supervisor import Supervisor
 from sharing_plugin.daemon.tasks import TaskOwner
 from sharing_plugin.errors import (
@@ -53,26 +53,9 @@ from sharing_plugin.plan.model import Plan
 
 log = logging.getLogger(__name__)
 
-DEFAULT_CONFIG_LABEL = "nvidia.com/device-plugin.config"
 _MIG_RETRY = "MIG layout pending"  # the reason of a pending layout's retry, which is no reload
 _LABEL_FETCH_TIMEOUT_S = 5.0
 _FOLLOW_BACKOFF_S = (0.2, 10.0)
-
-
-@dataclass(frozen=True, slots=True)
-class RunOptions:
-    """Everything `sharing-plugin run` takes, resolved from flags and env vars."""
-
-    config_path: Path | None = None
-    config_name: str | None = None
-    gpus: str = "nvml"
-    kubelet_dir: Path = Path("/var/lib/kubelet")
-    node_name: str | None = None
-    metrics_address: tuple[str, int] | None = None
-    config_label: str = DEFAULT_CONFIG_LABEL
-    drain_recheck_s: float = 2.0  # how often PodResources is asked while devices drain
-    # The reference's DP_*_HEALTHCHECKS variables, parsed once by the entry point.
-    health_env: HealthEnv = field(default_factory=HealthEnv)
 
 
 class Daemon:

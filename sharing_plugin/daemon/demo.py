@@ -16,7 +16,8 @@ from collections.abc import Callable
 from importlib import resources
 from pathlib import Path
 
-from sharing_plugin.daemon.app import Daemon, RunOptions
+from sharing_plugin.daemon.app import Daemon
+from sharing_plugin.daemon.options import RunOptions
 from sharing_plugin.kubelet.simulator import KubeletSimulator
 
 DEMO_PRESET = "dgx-a100-80gb"

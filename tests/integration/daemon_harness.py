@@ -11,7 +11,8 @@ from typing import Any
 
 import yaml
 
-from sharing_plugin.daemon.app import Daemon, RunOptions
+from sharing_plugin.daemon.app import Daemon
+from sharing_plugin.daemon.options import RunOptions
 from sharing_plugin.gpus.nvml import backend_from_spec
 from sharing_plugin.kubelet.simulator import KubeletSimulator
 

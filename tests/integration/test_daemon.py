@@ -9,7 +9,8 @@ import pytest
 from daemon_harness import eventually, running
 
 from sharing_plugin.config import load_configs
-from sharing_plugin.daemon.app import Daemon, RunOptions
+from sharing_plugin.daemon.app import Daemon
+from sharing_plugin.daemon.options import RunOptions
 from sharing_plugin.gpus.nvml import backend_from_spec, discover
 from sharing_plugin.kubelet.simulator import KubeletSimulator
 from sharing_plugin.plan import plan

@@ -22,7 +22,8 @@ from k8s_fake import ConfigMapVolume
 
 from sharing_plugin.config.kubeapi import KubeClient
 from sharing_plugin.config.loader import parse_configs
-from sharing_plugin.daemon.app import Daemon, RunOptions
+from sharing_plugin.daemon.app import Daemon
+from sharing_plugin.daemon.options import RunOptions
 from sharing_plugin.errors import ConfigError, KubeApiError
 from sharing_plugin.gpus.nvml import backend_from_spec
 from sharing_plugin.kubelet.simulator import KubeletSimulator

@@ -1,0 +1,26 @@
+"""What `sharing-plugin run` was asked to do, resolved once from flags and env vars."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from sharing_plugin.daemon.health import HealthEnv
+
+DEFAULT_CONFIG_LABEL = "nvidia.com/device-plugin.config"
+
+
+@dataclass(frozen=True, slots=True)
+class RunOptions:
+    """Everything `sharing-plugin run` takes, resolved from flags and env vars."""
+
+    config_path: Path | None = None
+    config_name: str | None = None
+    gpus: str = "nvml"
+    kubelet_dir: Path = Path("/var/lib/kubelet")
+    node_name: str | None = None
+    metrics_address: tuple[str, int] | None = None
+    config_label: str = DEFAULT_CONFIG_LABEL
+    drain_recheck_s: float = 2.0  # how often PodResources is asked while devices drain
+    # The reference's DP_*_HEALTHCHECKS variables, parsed once by the entry point.
+    health_env: HealthEnv = field(default_factory=HealthEnv)
