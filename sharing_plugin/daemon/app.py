@@ -53,7 +53,11 @@ from sharing_plugin.plan.model import Plan
 
 log = logging.getLogger(__name__)
 
-_MIG_RETRY = "MIG layout pending"  # the reason of a pending layout's retry, which is no reload
+# Reasons to carry out the last good config again; neither is a reload of the config.
+_MIG_RETRY = "MIG layout pending"
+_REDISCOVERED = "GPUs found"
+_REAPPLY = frozenset({_MIG_RETRY, _REDISCOVERED})
+_REDISCOVER_MAX_S = 300.0
 _LABEL_FETCH_TIMEOUT_S = 5.0
 _FOLLOW_BACKOFF_S = (0.2, 10.0)
 
@@ -141,7 +145,7 @@ class Daemon:
             # A pending layout is retried with the last good config, not the file: an edit
             # rejected meanwhile would be rejected again at every retry, and the good config's
             # layout would never be finished.
-            retry=lambda: self._on_update(None),
+            retry=lambda: self._on_update(None, reapply=_MIG_RETRY),
             retry_s=self.options.drain_recheck_s,
         )
         described = self.options.health_env.describe()
@@ -233,24 +237,24 @@ class Daemon:
         self._update_waiters.append(waiter)
         await waiter
 
-    async def _on_update(self, update: ConfigUpdate | None) -> None:
-        """Handle `update`; None carries out the last good config again (a MIG retry)."""
+    async def _on_update(self, update: ConfigUpdate | None, reapply: str = _MIG_RETRY) -> None:
+        """Handle `update`; None carries out the last good config again, for `reapply`."""
         try:
-            await self._handle(update)
+            await self._handle(update, reapply)
         finally:
             waiters, self._update_waiters = self._update_waiters, []
             for waiter in waiters:
                 if not waiter.done():
                     waiter.set_result(None)
 
-    async def _handle(self, update: ConfigUpdate | None) -> None:
+    async def _handle(self, update: ConfigUpdate | None, reapply: str) -> None:
         async with self._reload_lock:
             if update is None:
                 # Chosen under the lock, so a retry never brings back a config just replaced.
                 if self._base_plan is None:
                     return
                 update = ConfigUpdate(
-                    name=self._config_name, loaded=self._loaded, error=None, reason=_MIG_RETRY
+                    name=self._config_name, loaded=self._loaded, error=None, reason=reapply
                 )
             if update.error is not None:
                 self._reject(update.error, update.reason)
@@ -340,7 +344,23 @@ class Daemon:
                 ) from exc
             for warning in self._inventory.warnings:
                 log.warning("%s", warning)
+            if not self._inventory.gpus and self._inventory.warnings:
+                self._tasks.spawn(self._rediscover(), name="rediscover")
         return self._inventory
+
+    async def _rediscover(self) -> None:
+        """NVML did not start (failOnInitError: false): look again, less and less often, and
+        serve the GPUs once it answers -- the driver may still be installing at boot."""
+        delay = self.options.rediscover_s
+        while True:
+            await asyncio.sleep(delay)
+            inventory = await asyncio.to_thread(discover, self.nvml, fail_on_init_error=False)
+            if inventory.gpus:
+                log.info("NVML answers now: %d GPU(s) found", len(inventory.gpus))
+                self._inventory = inventory
+                await self._on_update(None, reapply=_REDISCOVERED)
+                return
+            delay = min(delay * 2, _REDISCOVER_MAX_S)
 
     async def _apply(
         self,
@@ -364,7 +384,7 @@ class Daemon:
             self._generation += 1
             for warning in (*(loaded.warnings if loaded else ()), *base.warnings):
                 log.warning("config: %s", warning)
-        retry = reason == _MIG_RETRY
+        retry = reason in _REAPPLY
         if not retry:  # a retry is no reload: it must not clear lastError nor count as one
             self.status.set_config(
                 name=name,

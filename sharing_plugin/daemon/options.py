@@ -22,5 +22,6 @@ class RunOptions:
     metrics_address: tuple[str, int] | None = None
     config_label: str = DEFAULT_CONFIG_LABEL
     drain_recheck_s: float = 2.0  # how often PodResources is asked while devices drain
+    rediscover_s: float = 5.0  # first look again for GPUs when NVML did not start (doubling)
     # The reference's DP_*_HEALTHCHECKS variables, parsed once by the entry point.
     health_env: HealthEnv = field(default_factory=HealthEnv)

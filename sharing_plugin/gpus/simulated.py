@@ -68,6 +68,7 @@ class SimulatedNvml(SimMigOps):
         self.warnings: tuple[str, ...] = tuple(warnings)
         self._lock = threading.Lock()
         self._event_sets: list[SimEventSet] = []
+        self._driver_loaded = True
         for fault in node.description.faults:
             if fault.lost is not None:
                 self._set_lost(fault)  # lost GPUs are state; earlier Xids are history
@@ -116,6 +117,12 @@ class SimulatedNvml(SimMigOps):
         """One ECC error event on `gpu` (index or UUID; a MIG UUID names its GPU)."""
         self.inject(Fault(gpu=gpu, ecc=kind))
 
+    def set_driver_loaded(self, loaded: bool) -> None:
+        """Simulate a node whose NVIDIA driver is not (yet) loaded: nvmlInit fails with
+        NVML_ERROR_DRIVER_NOT_LOADED until it is, as on a node still installing its driver."""
+        with self._lock:
+            self._driver_loaded = loaded
+
     def set_lost(self, gpu: int | str, lost: bool = True) -> None:
         self.inject(Fault(gpu=gpu, lost=lost))
 
@@ -157,6 +164,8 @@ class SimulatedNvml(SimMigOps):
 
     def nvmlInit(self) -> None:
         with self._lock:
+            if not self._driver_loaded:
+                raise nvml_error(pynvml.NVML_ERROR_DRIVER_NOT_LOADED)
             self._init_count += 1
 
     def nvmlInitWithFlags(self, flags: int) -> None:

@@ -115,3 +115,28 @@ async def test_status_json_reports_config_and_resources(short_dir: Path) -> None
         assert status["resources"]["nvidia.com/gpu"]["devices"] == 16
         assert status["resources"]["nvidia.com/gpu"]["healthy"] == 16
         assert status["resources"]["nvidia.com/gpu"]["draining"] == []
+
+
+async def test_gpus_that_appear_later_are_served_without_failon_init_error(
+    short_dir: Path,
+) -> None:
+    """A node whose driver is still loading at start: with failOnInitError false the plugin
+    starts empty, keeps looking, and serves the GPUs once NVML answers."""
+    nvml = backend_from_spec("simulated:t4x4")
+    nvml.set_driver_loaded(False)
+    config = short_dir / "config.yaml"
+    config.write_text(TIME_SLICING + "flags:\n  failOnInitError: false\n")
+    options = RunOptions(
+        config_path=config, gpus="simulated:t4x4", kubelet_dir=short_dir, rediscover_s=0.05
+    )
+    async with (
+        KubeletSimulator(short_dir, grace_period=0.2) as kubelet,
+        Daemon(options, nvml=nvml) as daemon,
+    ):
+        assert daemon.supervisor.advertised is not None
+        assert daemon.supervisor.advertised.resources == ()
+        nvml.set_driver_loaded(True)
+        await kubelet.wait_for(lambda: kubelet.allocatable("nvidia.com/gpu") == 8, timeout=5)
+        status = daemon.status.to_json()
+        assert status["config"]["generation"] == 1 and status["lastError"] is None
+        await eventually(lambda: daemon.health_monitor is not None)  # GPUs to watch now
