@@ -27,13 +27,14 @@ from pathlib import Path
 
 import grpc
 
+from sharing_plugin.backends import backend_from_spec
 from sharing_plugin.config.model import Config
-from sharing_plugin.gpus import nvml
 from sharing_plugin.kubelet.api.deviceplugin.v1beta1 import api_pb2 as dp
 from sharing_plugin.kubelet.api.deviceplugin.v1beta1 import api_pb2_grpc as dp_grpc
 from sharing_plugin.kubelet.server import AllocateContext, ResourceServer
-from sharing_plugin.kubelet.simulator import KubeletSimulator
+from sharing_plugin.nvml import discover as nvml
 from sharing_plugin.plan import plan
+from sharing_plugin.sim.kubelet.simulator import KubeletSimulator
 
 NODE = """\
 gpus:
@@ -89,7 +90,7 @@ async def run(rounds: int, batch: int) -> None:
     try:
         node_file = work / "node.yaml"
         node_file.write_text(NODE)
-        inventory = nvml.discover(nvml.backend_from_spec(f"simulated:{node_file}"))
+        inventory = nvml.discover(backend_from_spec(f"simulated:{node_file}"))
         config = Config.model_validate(CONFIG)
         resource = plan(config, inventory).resource(RESOURCE)
         assert resource is not None and len(resource.devices) == 7168, resource

@@ -45,10 +45,11 @@ from bench_allocate import RESOURCE as RESOURCE_7168  # noqa: E402
 from k8s_fake import ConfigMapVolume, FakeKubeApi  # noqa: E402
 from plugin_process import PluginProcess  # noqa: E402
 
-from sharing_plugin.config.nodelabel import DEFAULT_LABEL, KubeClient  # noqa: E402
+from sharing_plugin.backends import backend_from_spec  # noqa: E402
 from sharing_plugin.daemon.app import Daemon  # noqa: E402
 from sharing_plugin.daemon.options import RunOptions  # noqa: E402
-from sharing_plugin.kubelet.simulator import KubeletSimulator  # noqa: E402
+from sharing_plugin.sim.kubelet.simulator import KubeletSimulator  # noqa: E402
+from sharing_plugin.sources.nodelabel import DEFAULT_LABEL, KubeClient  # noqa: E402
 
 GPU = "nvidia.com/gpu"
 PRESET = "simulated:dgx-a100-80gb"  # 8 whole GPUs
@@ -105,7 +106,10 @@ async def bench_reload_swap(rounds: int) -> list[float]:
     try:
         volume = ConfigMapVolume(work / "cm", {"default": TEXT.format(4)})
         options = RunOptions(config_path=work / "cm", gpus=PRESET, kubelet_dir=work)
-        async with KubeletSimulator(work) as kubelet, Daemon(options):
+        async with (
+            KubeletSimulator(work) as kubelet,
+            Daemon(options, nvml=backend_from_spec(PRESET)),
+        ):
             await kubelet.wait_for(lambda: kubelet.capacity(GPU) == 32, timeout=10)
 
             def swap(replicas: int) -> float:
@@ -124,7 +128,10 @@ async def bench_reload_label(rounds: int) -> list[float]:
         options = RunOptions(config_path=work / "cm", gpus=PRESET, kubelet_dir=work, node_name=NODE)
         async with FakeKubeApi(NODE, {DEFAULT_LABEL: "four"}) as api:
             client = KubeClient(base_url=api.url)
-            async with KubeletSimulator(work) as kubelet, Daemon(options, kube_client=client):
+            async with (
+                KubeletSimulator(work) as kubelet,
+                Daemon(options, nvml=backend_from_spec(PRESET), kube_client=client),
+            ):
                 await kubelet.wait_for(lambda: kubelet.capacity(GPU) == 32, timeout=10)
                 await asyncio.wait_for(api.watch_started.wait(), 5)
 

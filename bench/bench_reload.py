@@ -31,8 +31,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "integ
 
 from k8s_fake import ConfigMapVolume, FakeKubeApi
 
-from sharing_plugin.config.nodelabel import DEFAULT_LABEL, KubeClient, NodeLabelWatcher
-from sharing_plugin.config.source import ConfigSource, ConfigUpdate
+from sharing_plugin.sources.filewatch import ConfigSource, ConfigUpdate
+from sharing_plugin.sources.nodelabel import DEFAULT_LABEL, KubeClient, NodeLabelWatcher
 
 NODE = "bench-node"
 TEXT = (

@@ -16,20 +16,21 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from sharing_plugin.backends import backend_from_spec, names_node_file
 from sharing_plugin.config import load_configs, schema_text, select
 from sharing_plugin.config.locate import problem_line
 from sharing_plugin.daemon.app import Daemon
-from sharing_plugin.daemon.demo import run_demo
-from sharing_plugin.daemon.health import HealthEnv
+from sharing_plugin.daemon.health_monitor import HealthEnv
 from sharing_plugin.daemon.logs import configure as configure_logging
 from sharing_plugin.daemon.options import DEFAULT_CONFIG_LABEL, RunOptions
 from sharing_plugin.errors import ConfigError, PlanError, SharingPluginError
-from sharing_plugin.gpus.nvml import backend_from_spec, discover
 from sharing_plugin.mig.desired import mig_actions
 from sharing_plugin.mig.predict import PLANNED_PREFIX, is_planned, predicted_inventory
+from sharing_plugin.nvml.discover import discover
 from sharing_plugin.observability.http_server import parse_metrics_address
 from sharing_plugin.plan import plan
 from sharing_plugin.plan.render import plan_json, plan_table
+from sharing_plugin.sim.demo import run_demo
 
 EXIT_OK = 0
 EXIT_INVALID = 1
@@ -132,7 +133,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
             print(f"sharing-plugin plan: {problem}", file=sys.stderr)
         # A node description that exists but is wrong is invalid input, as `run` treats it; a
         # SPEC that names no backend, preset or file is a usage error.
-        return EXIT_INVALID if _names_node_file(args.gpus) else EXIT_USAGE
+        return EXIT_INVALID if names_node_file(args.gpus) else EXIT_USAGE
     config = loaded.config
     try:
         inventory = discover(backend, fail_on_init_error=config.flags.fail_on_init_error)
@@ -172,11 +173,6 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _names_node_file(spec: str) -> bool:
-    kind, _, target = spec.partition(":")
-    return kind == "simulated" and Path(target).is_file()
-
-
 def _run_options(args: argparse.Namespace) -> RunOptions:
     if args.log_format not in ("text", "json"):
         raise ValueError(f"--log-format must be text or json (got {args.log_format!r})")
@@ -194,7 +190,7 @@ def _run_options(args: argparse.Namespace) -> RunOptions:
 
 async def _serve(options: RunOptions) -> None:
     loop = asyncio.get_running_loop()
-    daemon = Daemon(options)
+    daemon = Daemon(options, nvml=backend_from_spec(options.gpus))
     # Handlers first: a signal that arrives while the daemon is still starting must stop it
     # gracefully too (it is acted on as soon as start-up has finished).
     loop.add_signal_handler(signal.SIGTERM, daemon.request_stop)
@@ -227,7 +223,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
 def _cmd_demo(args: argparse.Namespace) -> int:
     configure_logging("text", level=logging.WARNING)
     # The simulated kubelet warns, as kubelet does, when our stream ends at shutdown: expected.
-    logging.getLogger("sharing_plugin.kubelet.sim_endpoint").setLevel(logging.ERROR)
+    logging.getLogger("sharing_plugin.sim.kubelet.endpoint").setLevel(logging.ERROR)
     # The demo prints rejected configs itself.
     logging.getLogger("sharing_plugin.daemon.app").setLevel(logging.CRITICAL)
 

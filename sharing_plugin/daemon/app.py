@@ -1,6 +1,6 @@
 """The daemon: config source, GPUs, health and MIG, wired to the supervisor and kubelet.
 
-    async with Daemon(options) as daemon:
+    async with Daemon(options, nvml=backend_from_spec(options.gpus)) as daemon:
         await daemon.wait_stopped()      # until request_stop() (SIGTERM/SIGINT) is called
 
 Start order (each gate before the next): read the config, discover the GPUs, apply the declared
@@ -20,14 +20,11 @@ import logging
 from collections.abc import Mapping
 from pathlib import Path
 from types import TracebackType
-from typing import Any
 
 from sharing_plugin.config.loader import LoadedConfig
 from sharing_plugin.config.locate import problem_line
 from sharing_plugin.config.model import Config
-from sharing_plugin.config.nodelabel import KubeClient, NodeLabelWatcher
-from sharing_plugin.config.source import ConfigSource, ConfigUpdate
-from sharing_plugin.daemon.health import HealthMonitor
+from sharing_plugin.daemon.health_monitor import HealthMonitor
 from sharing_plugin.daemon.layouts import MigLayouts
 from sharing_plugin.daemon.mig import MigReconciler
 from sharing_plugin.daemon.options import RunOptions
@@ -41,15 +38,18 @@ from sharing_plugin.errors import (
     StartupError,
 )
 from sharing_plugin.gpus.inventory import Inventory
-from sharing_plugin.gpus.nvml import backend_from_spec, discover
 from sharing_plugin.kubelet.podresources import PodResourcesClient
 from sharing_plugin.kubelet.server import AllocateContext
 from sharing_plugin.kubelet.watch import KubeletWatcher
+from sharing_plugin.nvml.api import NvmlApi
+from sharing_plugin.nvml.discover import discover
 from sharing_plugin.observability.http_server import MetricsServer
 from sharing_plugin.observability.metrics import Metrics
 from sharing_plugin.observability.status import StatusBoard
 from sharing_plugin.plan import CONTROL_DEVICE_NODES, plan
 from sharing_plugin.plan.model import Plan
+from sharing_plugin.sources.filewatch import ConfigSource, ConfigUpdate
+from sharing_plugin.sources.nodelabel import KubeClient, NodeLabelWatcher
 
 log = logging.getLogger(__name__)
 
@@ -69,16 +69,16 @@ class Daemon:
         self,
         options: RunOptions,
         *,
-        nvml: Any | None = None,
+        nvml: NvmlApi,
         kube_client: KubeClient | None = None,
     ) -> None:
-        """`nvml` replaces the backend that `options.gpus` names (tests hand in a simulator they
-        keep a handle on); `kube_client` replaces the credentials found in the environment."""
+        """`nvml` is the NVML the entry chose for `options.gpus` (the real module or the
+        simulator); `kube_client` replaces the credentials found in the environment."""
         self.options = options
         self._kube_client = kube_client
         self.metrics = Metrics()
         self.status = StatusBoard()
-        self._nvml = nvml
+        self.nvml = nvml
         self._stop = asyncio.Event()
         self._tasks = TaskOwner("daemon")
         self._label_value: str | None = None
@@ -136,7 +136,6 @@ class Daemon:
             self._metrics_server = MetricsServer(host, port, self.metrics, self.status)
             await self._metrics_server.start()
         await self._start_label_watch()
-        self.nvml = self._nvml if self._nvml is not None else backend_from_spec(self.options.gpus)
         self._layouts = MigLayouts(
             MigReconciler(self.nvml, metrics=self.metrics),
             status=self.status,

@@ -23,15 +23,15 @@ from sharing_plugin.config.model import Config
 from sharing_plugin.errors import MigError, NvmlError, Problem, SharingPluginError
 from sharing_plugin.gpus.catalog import MigProfileSpec, model_for
 from sharing_plugin.gpus.inventory import Gpu, Inventory
-from sharing_plugin.gpus.mig_ops import (
+from sharing_plugin.mig.desired import RESET_NEEDED, GpuMigAction, Holder, mig_actions
+from sharing_plugin.mig.layout import MigInstance
+from sharing_plugin.nvml.discover import discover
+from sharing_plugin.nvml.mig_ops import (
     create_compute_instance,
     create_gpu_instance,
     destroy_mig_device,
     set_mig_mode,
 )
-from sharing_plugin.gpus.nvml import discover
-from sharing_plugin.mig.desired import RESET_NEEDED, GpuMigAction, Holder, mig_actions
-from sharing_plugin.mig.layout import MigInstance
 from sharing_plugin.observability.metrics import Metrics
 from sharing_plugin.observability.status import MigState
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sharing_plugin.daemon.health import HealthEnv
+from sharing_plugin.daemon.health_monitor import HealthEnv
 
 DEFAULT_CONFIG_LABEL = "nvidia.com/device-plugin.config"
 

@@ -38,7 +38,7 @@ from sharing_plugin.kubelet.servicer import (
     Snapshot,
     snapshot,
 )
-from sharing_plugin.observability.metrics import Metrics
+from sharing_plugin.kubelet.recording import KubeletRecorder
 from sharing_plugin.plan import ResourcePlan
 
 __all__ = ["AllocateContext", "ResourceServer", "socket_name"]
@@ -97,7 +97,7 @@ class ResourceServer:
         kubelet_dir: Path,
         resource: ResourcePlan,
         context: AllocateContext,
-        metrics: Metrics | None = None,
+        metrics: KubeletRecorder | None = None,
     ) -> None:
         self._kubelet_dir = Path(kubelet_dir)
         self._plugin_dir = self._kubelet_dir / DEVICE_PLUGINS_DIR

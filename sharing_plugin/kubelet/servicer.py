@@ -28,7 +28,7 @@ from sharing_plugin.gpus.inventory import Inventory
 from sharing_plugin.kubelet import translate
 from sharing_plugin.kubelet.api.deviceplugin.v1beta1 import api_pb2 as dp
 from sharing_plugin.kubelet.api.deviceplugin.v1beta1 import api_pb2_grpc as dp_grpc
-from sharing_plugin.observability.metrics import Metrics
+from sharing_plugin.kubelet.recording import KubeletRecorder
 from sharing_plugin.plan import CONTROL_DEVICE_NODES, ResourcePlan, allocate, preferred
 
 log = logging.getLogger(__name__)
@@ -89,7 +89,7 @@ class DevicePluginServicer(dp_grpc.DevicePluginServicer):
     """The service behind one listening socket; `current` returns the snapshot to answer from."""
 
     def __init__(
-        self, name: str, current: Callable[[], Snapshot], metrics: Metrics | None = None
+        self, name: str, current: Callable[[], Snapshot], metrics: KubeletRecorder | None = None
     ) -> None:
         self._name = name
         self._current = current

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from sharing_plugin.kubelet.simulator import KubeletSimulator
+from sharing_plugin.sim.kubelet.simulator import KubeletSimulator
 
 
 @pytest.fixture

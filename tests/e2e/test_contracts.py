@@ -23,7 +23,7 @@ from plugin_process import PluginProcess, child_env, free_port, http_get
 
 from sharing_plugin.kubelet.api.deviceplugin.v1beta1 import api_pb2 as dp
 from sharing_plugin.kubelet.api.deviceplugin.v1beta1 import api_pb2_grpc as dp_grpc
-from sharing_plugin.kubelet.simulator import KubeletSimulator
+from sharing_plugin.sim.kubelet.simulator import KubeletSimulator
 
 # Verbatim from DESIGN §3 "Simulated node description".
 DESIGN_NODE = """\

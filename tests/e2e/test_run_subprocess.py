@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from plugin_process import PluginProcess, free_port, http_get
 
-from sharing_plugin.kubelet.simulator import KubeletSimulator
+from sharing_plugin.sim.kubelet.simulator import KubeletSimulator
 
 GPU = "nvidia.com/gpu"
 # dgx-a100-80gb: 8 whole GPUs.

@@ -10,7 +10,7 @@ import pynvml
 import pytest
 from plugin_process import PluginProcess
 
-from sharing_plugin.kubelet.simulator import KubeletSimulator
+from sharing_plugin.sim.kubelet.simulator import KubeletSimulator
 
 
 def _nvml_loads() -> bool:

@@ -10,11 +10,12 @@ from typing import Any
 
 import pytest
 
+from sharing_plugin.backends import backend_from_spec
 from sharing_plugin.config.model import Config
-from sharing_plugin.gpus import nvml
 from sharing_plugin.gpus.inventory import Inventory
-from sharing_plugin.kubelet.simulator import KubeletSimulator
+from sharing_plugin.nvml import discover as nvml
 from sharing_plugin.plan import Plan, plan
+from sharing_plugin.sim.kubelet.simulator import KubeletSimulator
 
 
 @pytest.fixture
@@ -39,7 +40,7 @@ _INVENTORIES: dict[str, Inventory] = {}
 def node(preset: str) -> Inventory:
     """The inventory of a simulated preset node, discovered through the NVML adapter once."""
     if preset not in _INVENTORIES:
-        _INVENTORIES[preset] = nvml.discover(nvml.backend_from_spec(f"simulated:{preset}"))
+        _INVENTORIES[preset] = nvml.discover(backend_from_spec(f"simulated:{preset}"))
     return _INVENTORIES[preset]
 
 

@@ -11,10 +11,10 @@ from typing import Any
 
 import yaml
 
+from sharing_plugin.backends import backend_from_spec
 from sharing_plugin.daemon.app import Daemon
 from sharing_plugin.daemon.options import RunOptions
-from sharing_plugin.gpus.nvml import backend_from_spec
-from sharing_plugin.kubelet.simulator import KubeletSimulator
+from sharing_plugin.sim.kubelet.simulator import KubeletSimulator
 
 
 async def eventually(predicate: Callable[[], bool], within: float = 5.0) -> None:

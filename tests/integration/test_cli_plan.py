@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from sharing_plugin.cli import main
-from sharing_plugin.gpus.node import preset_names
+from sharing_plugin.sim.nvml.node import preset_names
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = sorted((ROOT / "config" / "examples").glob("*.yaml"))

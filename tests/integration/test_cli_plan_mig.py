@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from sharing_plugin.cli import main
-from sharing_plugin.gpus.nvml import discover
-from sharing_plugin.gpus.simulated import SimulatedNvml
+from sharing_plugin.nvml.discover import discover
+from sharing_plugin.sim.nvml.simulated import SimulatedNvml
 
 ROOT = Path(__file__).resolve().parents[2]
 MIXED = discover(SimulatedNvml.from_preset("a100-mig-mixed"))

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from k8s_fake import ConfigMapVolume
 
-from sharing_plugin.config.source import ConfigSource, ConfigUpdate
+from sharing_plugin.sources.filewatch import ConfigSource, ConfigUpdate
 
 
 def config(replicas: int, name: str = "nvidia.com/gpu") -> str:

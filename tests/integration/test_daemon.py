@@ -8,12 +8,13 @@ from pathlib import Path
 import pytest
 from daemon_harness import eventually, running
 
+from sharing_plugin.backends import backend_from_spec
 from sharing_plugin.config import load_configs
 from sharing_plugin.daemon.app import Daemon
 from sharing_plugin.daemon.options import RunOptions
-from sharing_plugin.gpus.nvml import backend_from_spec, discover
-from sharing_plugin.kubelet.simulator import KubeletSimulator
+from sharing_plugin.nvml.discover import discover
 from sharing_plugin.plan import plan
+from sharing_plugin.sim.kubelet.simulator import KubeletSimulator
 
 EXAMPLES = Path(__file__).parents[2] / "config" / "examples"
 TIME_SLICING = """\
@@ -77,7 +78,7 @@ async def test_plugin_started_before_kubelet_registers_once_kubelet_appears(
     config = short_dir / "config.yaml"
     config.write_text(TIME_SLICING)
     options = RunOptions(config_path=config, gpus="simulated:t4x4", kubelet_dir=short_dir)
-    async with Daemon(options) as daemon:
+    async with Daemon(options, nvml=backend_from_spec(options.gpus)) as daemon:
         assert not daemon.status.ready
         async with KubeletSimulator(short_dir, grace_period=0.2) as kubelet:
             await kubelet.wait_for(lambda: kubelet.capacity("nvidia.com/gpu") == 8, timeout=10)

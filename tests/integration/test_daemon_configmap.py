@@ -9,7 +9,7 @@ from pathlib import Path
 from daemon_harness import Running, running
 from k8s_fake import ConfigMapVolume, FakeKubeApi
 
-from sharing_plugin.config.kubeapi import KubeClient
+from sharing_plugin.sources.kubeapi import KubeClient
 
 GPU = "nvidia.com/gpu"
 LABEL = "nvidia.com/device-plugin.config"

@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 from daemon_harness import Running, append_fault, node_file, running
 
-from sharing_plugin.daemon.health import HealthEnv
-from sharing_plugin.kubelet.sim_admission import AdmissionError
+from sharing_plugin.daemon.health_monitor import HealthEnv
+from sharing_plugin.sim.kubelet.admission import AdmissionError
 
 GPU = "nvidia.com/gpu"
 SHARED = "nvidia.com/gpu.shared"

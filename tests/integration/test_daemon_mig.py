@@ -16,8 +16,8 @@ import pytest
 from daemon_harness import Running, running
 
 from sharing_plugin.cli import main
-from sharing_plugin.gpus.nvml import discover
-from sharing_plugin.gpus.simulated import SimulatedNvml
+from sharing_plugin.nvml.discover import discover
+from sharing_plugin.sim.nvml.simulated import SimulatedNvml
 
 A100 = "simulated:a100-mig-mixed"
 H200 = "simulated:hgx-h200"

@@ -8,7 +8,7 @@ from pathlib import Path
 import grpc
 from daemon_harness import Running, running
 
-from sharing_plugin.kubelet.simulator import AdmissionError
+from sharing_plugin.sim.kubelet.simulator import AdmissionError
 
 GPU = "nvidia.com/gpu"
 SHARED = "nvidia.com/gpu.shared"

@@ -11,18 +11,18 @@ from dataclasses import dataclass, field, replace
 import pytest
 
 from sharing_plugin.config.model import Config, Health
-from sharing_plugin.daemon.health import (
+from sharing_plugin.daemon.health_monitor import (
     HealthEnv,
     HealthMonitor,
     HealthSettings,
     health_settings_from_env,
 )
-from sharing_plugin.gpus.health import RecoveryTiming, XidPolicy
+from sharing_plugin.gpus.health_tracker import RecoveryTiming, XidPolicy
 from sharing_plugin.gpus.inventory import Inventory
-from sharing_plugin.gpus.nvml import discover
-from sharing_plugin.gpus.simulated import SimulatedNvml
+from sharing_plugin.nvml.discover import discover
 from sharing_plugin.observability.metrics import Metrics
 from sharing_plugin.plan import plan
+from sharing_plugin.sim.nvml.simulated import SimulatedNvml
 
 DEFAULT_IGNORED = frozenset({13, 31, 43, 45, 68, 109})
 SLOW = RecoveryTiming(quiet_period_s=60, first_check_s=30, max_check_s=300)

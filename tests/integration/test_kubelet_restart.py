@@ -11,9 +11,9 @@ from sharing_plugin.config.model import Config
 from sharing_plugin.gpus.inventory import Inventory
 from sharing_plugin.kubelet.podresources import PodResourcesClient
 from sharing_plugin.kubelet.server import AllocateContext, ResourceServer
-from sharing_plugin.kubelet.simulator import KubeletSimulator
 from sharing_plugin.kubelet.watch import KubeletWatcher, wait_for_kubelet
 from sharing_plugin.plan import Plan
+from sharing_plugin.sim.kubelet.simulator import KubeletSimulator
 
 MakePlan = Callable[..., tuple[Plan, Config, Inventory]]
 GPU = "nvidia.com/gpu"

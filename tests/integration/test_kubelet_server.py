@@ -17,8 +17,8 @@ from sharing_plugin.gpus.inventory import Inventory
 from sharing_plugin.kubelet.api.deviceplugin.v1beta1 import api_pb2 as dp
 from sharing_plugin.kubelet.api.deviceplugin.v1beta1 import api_pb2_grpc as dp_grpc
 from sharing_plugin.kubelet.server import AllocateContext, ResourceServer, socket_name
-from sharing_plugin.kubelet.simulator import KubeletSimulator
 from sharing_plugin.plan import Plan, ResourcePlan, physical_of
+from sharing_plugin.sim.kubelet.simulator import KubeletSimulator
 
 MakePlan = Callable[..., tuple[Plan, Config, Inventory]]
 GPU = "nvidia.com/gpu"

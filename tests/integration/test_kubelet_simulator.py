@@ -9,8 +9,8 @@ import grpc
 import pytest
 from fake_device_plugin import FakeDevicePlugin, devices
 
-from sharing_plugin.kubelet.sim_endpoint import is_extended_resource_name
-from sharing_plugin.kubelet.simulator import KubeletSimulator
+from sharing_plugin.sim.kubelet.endpoint import is_extended_resource_name
+from sharing_plugin.sim.kubelet.simulator import KubeletSimulator
 
 GPU = "example.com/gpu"
 

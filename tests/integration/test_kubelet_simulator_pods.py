@@ -12,7 +12,7 @@ from fake_device_plugin import FakeDevicePlugin, devices, reversed_preference
 from sharing_plugin.kubelet.api.deviceplugin.v1beta1 import api_pb2 as dp
 from sharing_plugin.kubelet.api.podresources.v1 import api_pb2 as pr
 from sharing_plugin.kubelet.api.podresources.v1 import api_pb2_grpc as pr_grpc
-from sharing_plugin.kubelet.simulator import AdmissionError, KubeletSimulator
+from sharing_plugin.sim.kubelet.simulator import AdmissionError, KubeletSimulator
 
 GPU = "example.com/gpu"
 NIC = "example.com/nic"

@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 from k8s_fake import ConfigMapVolume, FakeKubeApi
 
-from sharing_plugin.config.nodelabel import DEFAULT_LABEL, KubeClient, NodeLabelWatcher
-from sharing_plugin.config.source import ConfigSource
 from sharing_plugin.errors import KubeApiError
+from sharing_plugin.sources.filewatch import ConfigSource
+from sharing_plugin.sources.nodelabel import DEFAULT_LABEL, KubeClient, NodeLabelWatcher
 
 NODE = "gpu-node-1"
 

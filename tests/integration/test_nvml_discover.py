@@ -9,11 +9,12 @@ from pathlib import Path
 import pytest
 import yaml
 
+from sharing_plugin.backends import backend_from_spec
 from sharing_plugin.errors import ConfigError, GpuLostError, NvmlError
 from sharing_plugin.gpus.inventory import Topology
-from sharing_plugin.gpus.node import load_preset, parse_instance, preset_names
-from sharing_plugin.gpus.nvml import backend_from_spec, discover
-from sharing_plugin.gpus.simulated import SimulatedNvml
+from sharing_plugin.nvml.discover import discover
+from sharing_plugin.sim.nvml.node import load_preset, parse_instance, preset_names
+from sharing_plugin.sim.nvml.simulated import SimulatedNvml
 
 
 def test_the_presets_the_issue_asks_for_exist() -> None:

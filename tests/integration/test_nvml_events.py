@@ -11,11 +11,12 @@ from typing import Any
 import pytest
 import yaml
 
+from sharing_plugin.backends import backend_from_spec
 from sharing_plugin.errors import NvmlError
-from sharing_plugin.gpus.health import EventKind
-from sharing_plugin.gpus.nvml import backend_from_spec, discover
-from sharing_plugin.gpus.simulated import SimulatedNvml
-from sharing_plugin.gpus.xid import XidEvent, XidWatch, xid_events
+from sharing_plugin.gpus.health_tracker import EventKind
+from sharing_plugin.nvml.discover import discover
+from sharing_plugin.nvml.events import XidEvent, XidWatch, xid_events
+from sharing_plugin.sim.nvml.simulated import SimulatedNvml
 
 
 async def test_an_injected_xid_reaches_the_iterator() -> None:
@@ -146,7 +147,7 @@ async def test_event_types_a_gpu_lacks_are_skipped_on_that_gpu_only(
 ) -> None:
     sim = EccOffOnGpu1.from_preset("t4x4")
     inventory = discover(sim)
-    caplog.set_level(logging.INFO, logger="sharing_plugin.gpus.xid")
+    caplog.set_level(logging.INFO, logger="sharing_plugin.nvml.events")
     async with XidWatch(sim, inventory, wait_ms=50) as events:
         assert watch_state(events) == (
             [],

@@ -6,16 +6,16 @@ import pytest
 
 from sharing_plugin.errors import GpuLostError, NvmlError
 from sharing_plugin.gpus.inventory import MigPlacement
-from sharing_plugin.gpus.mig_ops import (
+from sharing_plugin.nvml.discover import discover
+from sharing_plugin.nvml.mig_ops import (
     create_compute_instance,
     create_gpu_instance,
     destroy_mig_device,
     possible_placements,
     set_mig_mode,
 )
-from sharing_plugin.gpus.nvml import discover
-from sharing_plugin.gpus.sim_mig import MigCall
-from sharing_plugin.gpus.simulated import SimulatedNvml
+from sharing_plugin.sim.nvml.mig import MigCall
+from sharing_plugin.sim.nvml.simulated import SimulatedNvml
 
 GI_1_SLICE, GI_3_SLICE, GI_7_SLICE = 0, 2, 4  # NVML_GPU_INSTANCE_PROFILE_*
 CI_3_SLICE = 2  # NVML_COMPUTE_INSTANCE_PROFILE_3_SLICE

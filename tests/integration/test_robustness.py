@@ -20,13 +20,13 @@ import pytest
 from daemon_harness import Running, eventually, running
 from k8s_fake import ConfigMapVolume
 
-from sharing_plugin.config.kubeapi import KubeClient
+from sharing_plugin.backends import backend_from_spec
 from sharing_plugin.config.loader import parse_configs
 from sharing_plugin.daemon.app import Daemon
 from sharing_plugin.daemon.options import RunOptions
 from sharing_plugin.errors import ConfigError, KubeApiError
-from sharing_plugin.gpus.nvml import backend_from_spec
-from sharing_plugin.kubelet.simulator import KubeletSimulator
+from sharing_plugin.sim.kubelet.simulator import KubeletSimulator
+from sharing_plugin.sources.kubeapi import KubeClient
 
 GPU = "nvidia.com/gpu"
 SLICED = (
@@ -157,7 +157,7 @@ async def test_kubelet_dir_that_does_not_exist_yet_registers_once_kubelet_comes(
 ) -> None:
     kubelet_dir = short_dir / "k"
     options = RunOptions(gpus="simulated:t4x4", kubelet_dir=kubelet_dir, drain_recheck_s=0.05)
-    async with Daemon(options) as daemon:
+    async with Daemon(options, nvml=backend_from_spec(options.gpus)) as daemon:
         assert daemon.status.to_json()["lastError"] is None
         async with KubeletSimulator(kubelet_dir, grace_period=0.2, dial_timeout=2.0) as kubelet:
             await kubelet.wait_for(lambda: kubelet.capacity(GPU) == 4, timeout=5)

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from sharing_plugin.config import Config, dump_config, parse_config
 from sharing_plugin.config.model import DEFAULT_IGNORED_XIDS, DeviceDiscoveryStrategy, EventType
-from sharing_plugin.daemon.health import HealthEnv
+from sharing_plugin.daemon.health_monitor import HealthEnv
 from sharing_plugin.errors import ConfigError
 
 XID, DBE, SBE = (e.value for e in EventType)

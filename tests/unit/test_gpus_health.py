@@ -8,7 +8,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from plan_factory import gpu, gpu_uuid, mig_uuid, node
 
-from sharing_plugin.gpus.health import Cause, EventKind, HealthTracker, RecoveryTiming, XidPolicy
+from sharing_plugin.gpus.health_tracker import (
+    Cause,
+    EventKind,
+    HealthTracker,
+    RecoveryTiming,
+    XidPolicy,
+)
 
 DEFAULT_IGNORED = frozenset({13, 31, 43, 45, 68, 109})
 TIMING = RecoveryTiming(quiet_period_s=60, first_check_s=30, max_check_s=300)

@@ -13,10 +13,10 @@ import pytest
 
 from sharing_plugin.errors import NvmlError
 from sharing_plugin.gpus.catalog import model_for
-from sharing_plugin.gpus.mig_ops import create_gpu_instance
-from sharing_plugin.gpus.node import GpuGroup, LoadedNode, MigDescription, NodeDescription
-from sharing_plugin.gpus.nvml_calls import error_name
-from sharing_plugin.gpus.simulated import SimulatedNvml
+from sharing_plugin.nvml.calls import error_name
+from sharing_plugin.nvml.mig_ops import create_gpu_instance
+from sharing_plugin.sim.nvml.node import GpuGroup, LoadedNode, MigDescription, NodeDescription
+from sharing_plugin.sim.nvml.simulated import SimulatedNvml
 
 NO_ROOM = "NVML_ERROR_INSUFFICIENT_RESOURCES"
 BAD_PLACEMENT = "NVML_ERROR_INVALID_ARGUMENT"

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from sharing_plugin.errors import ConfigError
-from sharing_plugin.gpus.node import (
+from sharing_plugin.sim.nvml.node import (
     Fault,
     load_node_file,
     load_preset,

@@ -10,9 +10,9 @@ import pytest
 
 from sharing_plugin.config.model import Config
 from sharing_plugin.gpus.inventory import Inventory
-from sharing_plugin.gpus.nvml import discover
-from sharing_plugin.gpus.simulated import SimulatedNvml
 from sharing_plugin.mig.desired import RESET_NEEDED, GpuMigAction, MigActions, mig_actions
+from sharing_plugin.nvml.discover import discover
+from sharing_plugin.sim.nvml.simulated import SimulatedNvml
 
 
 def _inventory(preset: str) -> Inventory:

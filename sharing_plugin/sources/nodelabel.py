@@ -16,8 +16,8 @@ import random
 from collections.abc import Callable
 from typing import Any
 
-from sharing_plugin.config.kubeapi import KubeClient
 from sharing_plugin.errors import KubeApiError
+from sharing_plugin.sources.kubeapi import KubeClient
 
 __all__ = ["DEFAULT_LABEL", "KubeClient", "NodeLabelWatcher"]
 

@@ -19,10 +19,10 @@ from typing import Any, Literal
 import pynvml
 
 from sharing_plugin.errors import ConfigError, Problem
-from sharing_plugin.gpus.node import Fault, LoadedNode, load_node_file, load_preset
-from sharing_plugin.gpus.sim_faults import FaultFeed, SimEventData, SimEventSet
-from sharing_plugin.gpus.sim_mig import SimMigOps
-from sharing_plugin.gpus.sim_state import (
+from sharing_plugin.sim.nvml.faults import FaultFeed, SimEventData, SimEventSet
+from sharing_plugin.sim.nvml.mig import SimMigOps
+from sharing_plugin.sim.nvml.node import Fault, LoadedNode, load_node_file, load_preset
+from sharing_plugin.sim.nvml.state import (
     NO_ID,
     SimComputeInstance,
     SimGpu,

@@ -25,7 +25,7 @@ from typing import Any
 
 from sharing_plugin.config.model import EventType, Health
 from sharing_plugin.errors import NvmlError
-from sharing_plugin.gpus.health import (
+from sharing_plugin.gpus.health_tracker import (
     EVERY_EVENT_KIND,
     EventKind,
     HealthChange,
@@ -34,8 +34,8 @@ from sharing_plugin.gpus.health import (
     XidPolicy,
 )
 from sharing_plugin.gpus.inventory import Inventory
-from sharing_plugin.gpus.nvml_calls import nvml_errors, nvml_session
-from sharing_plugin.gpus.xid import XidEvent, XidWatch, describe_kinds
+from sharing_plugin.nvml.calls import nvml_errors, nvml_session
+from sharing_plugin.nvml.events import XidEvent, XidWatch, describe_kinds
 from sharing_plugin.observability.metrics import Metrics
 
 log = logging.getLogger(__name__)

@@ -23,7 +23,7 @@ from typing import Any
 import pynvml
 import watchfiles
 
-from sharing_plugin.gpus.node import Fault, read_faults
+from sharing_plugin.sim.nvml.node import Fault, read_faults
 
 log = logging.getLogger(__name__)
 

@@ -26,9 +26,9 @@ from types import TracebackType
 from typing import Any, NamedTuple
 
 from sharing_plugin.errors import NvmlError
-from sharing_plugin.gpus.health import EVERY_EVENT_KIND, EventKind
+from sharing_plugin.gpus.health_tracker import EVERY_EVENT_KIND, EventKind
 from sharing_plugin.gpus.inventory import Inventory
-from sharing_plugin.gpus.nvml_calls import is_code, nvml_errors, text, to_nvml_error
+from sharing_plugin.nvml.calls import is_code, nvml_errors, text, to_nvml_error
 
 log = logging.getLogger(__name__)
 

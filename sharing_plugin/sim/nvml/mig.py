@@ -17,7 +17,7 @@ from typing import Any
 import pynvml
 
 from sharing_plugin.gpus.catalog import MigModel, MigProfileSpec
-from sharing_plugin.gpus.sim_state import (
+from sharing_plugin.sim.nvml.state import (
     SimComputeInstance,
     SimGpu,
     SimGpuInstance,

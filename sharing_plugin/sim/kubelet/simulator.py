@@ -39,15 +39,15 @@ from sharing_plugin.kubelet.api.constants import (
 from sharing_plugin.kubelet.api.deviceplugin.v1beta1 import api_pb2 as dp
 from sharing_plugin.kubelet.api.deviceplugin.v1beta1 import api_pb2_grpc as dp_grpc
 from sharing_plugin.kubelet.api.podresources.v1 import api_pb2_grpc as pr_grpc
-from sharing_plugin.kubelet.sim_admission import Admission, AdmissionError
-from sharing_plugin.kubelet.sim_endpoint import (
+from sharing_plugin.sim.kubelet.admission import Admission, AdmissionError
+from sharing_plugin.sim.kubelet.endpoint import (
     DIAL_TIMEOUT_S,
     PluginEndpoint,
     Registration,
     ResourceDevices,
     is_extended_resource_name,
 )
-from sharing_plugin.kubelet.sim_pods import ContainerAllocation, PodAllocation, PodResourcesServicer
+from sharing_plugin.sim.kubelet.pods import ContainerAllocation, PodAllocation, PodResourcesServicer
 
 __all__ = [
     "AdmissionError",

@@ -18,7 +18,8 @@ from pathlib import Path
 
 from sharing_plugin.daemon.app import Daemon
 from sharing_plugin.daemon.options import RunOptions
-from sharing_plugin.kubelet.simulator import KubeletSimulator
+from sharing_plugin.sim.kubelet.simulator import KubeletSimulator
+from sharing_plugin.sim.nvml.simulated import SimulatedNvml
 
 DEMO_PRESET = "dgx-a100-80gb"
 SAMPLE_RESOURCE = "nvidia.com/gpu.shared"
@@ -81,7 +82,7 @@ async def run_demo(*, once: bool, say: Print = print, workdir: Path | None = Non
     root = workdir or Path(tempfile.mkdtemp(prefix="sp-demo-", dir="/tmp"))
     try:
         config_path = root / "config.yaml"
-        source = resources.files("sharing_plugin.daemon").joinpath("demo-config.yaml")
+        source = resources.files("sharing_plugin.sim").joinpath("demo-config.yaml")
         config_path.write_text(source.read_text(encoding="utf-8"), encoding="utf-8")
         kubelet_dir = root / "kubelet"
         say(f"Simulated node: {DEMO_PRESET} (8 x NVIDIA A100-SXM4-80GB)")
@@ -89,7 +90,10 @@ async def run_demo(*, once: bool, say: Print = print, workdir: Path | None = Non
         options = RunOptions(
             config_path=config_path, gpus=f"simulated:{DEMO_PRESET}", kubelet_dir=kubelet_dir
         )
-        async with KubeletSimulator(kubelet_dir) as kubelet, Daemon(options) as daemon:
+        async with (
+            KubeletSimulator(kubelet_dir) as kubelet,
+            Daemon(options, nvml=SimulatedNvml.from_preset(DEMO_PRESET)) as daemon,
+        ):
             await kubelet.wait_for(lambda: _in_sync(kubelet, daemon), timeout=10)
             say("")
             for line in _node_view(kubelet):

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sharing_plugin.gpus.inventory import MigPlacement, MigUuid
-from sharing_plugin.gpus.nvml_calls import is_code, nvml_errors, nvml_session, text
+from sharing_plugin.nvml.calls import is_code, nvml_errors, nvml_session, text
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,8 +18,8 @@ import grpc
 
 from sharing_plugin.errors import KubeletError
 from sharing_plugin.kubelet.api.deviceplugin.v1beta1 import api_pb2 as dp
-from sharing_plugin.kubelet.sim_endpoint import PluginEndpoint, ResourceDevices
-from sharing_plugin.kubelet.sim_pods import ContainerAllocation, PodAllocation
+from sharing_plugin.sim.kubelet.endpoint import PluginEndpoint, ResourceDevices
+from sharing_plugin.sim.kubelet.pods import ContainerAllocation, PodAllocation
 
 _T = TypeVar("_T")
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import pynvml
 
 from sharing_plugin.gpus.catalog import GpuModel, MigModel, MigProfileSpec, model_for
-from sharing_plugin.gpus.node import LoadedNode, parse_instance
+from sharing_plugin.sim.nvml.node import LoadedNode, parse_instance
 
 # uuid5 namespace for simulated devices: fixed, so the same description gives the same UUIDs.
 _NAMESPACE = uuid.UUID("6f1c3a52-8d0e-4e59-9a3b-2a7c9f1d5e10")

@@ -1,7 +1,7 @@
 """The NVML adapter: what the node's GPUs are, read through pynvml into an `Inventory`.
 
-The pynvml module is a parameter (`nvml`), never imported state: `backend_from_spec` returns
-the real `pynvml` for ``nvml`` and a `SimulatedNvml` for ``simulated:...``, and the same code
+The pynvml module is a parameter (`nvml`), never imported state: the entry point hands in the
+real `pynvml` for ``--gpus nvml`` and the simulator for ``simulated:...``, and the same code
 below runs against either. A GPU that does not answer is reported in the inventory (unhealthy,
 with NVML's words) rather than aborting discovery, unless `fail_on_init_error` asks for that,
 which mirrors the reference plugin's ``failOnInitError``.
@@ -12,12 +12,11 @@ from __future__ import annotations
 import logging
 from contextlib import suppress
 from itertools import combinations
-from pathlib import Path
 from typing import Any
 
 import pynvml
 
-from sharing_plugin.errors import ConfigError, NvmlError, Problem
+from sharing_plugin.errors import NvmlError
 from sharing_plugin.gpus.catalog import model_for
 from sharing_plugin.gpus.inventory import (
     Gpu,
@@ -29,39 +28,11 @@ from sharing_plugin.gpus.inventory import (
     MigUuid,
     Topology,
 )
-from sharing_plugin.gpus.node import preset_names
-from sharing_plugin.gpus.nvml_calls import is_code, nvml_errors, text
+from sharing_plugin.nvml.calls import is_code, nvml_errors, text
 
 log = logging.getLogger(__name__)
 
 _NVLINK_DEVICE_TYPE_SWITCH = 2  # nvmlIntNvLinkDeviceType_t: NVML_NVLINK_DEVICE_TYPE_SWITCH
-
-
-def backend_from_spec(spec: str) -> Any:
-    """The pynvml-like module for a ``--gpus`` SPEC: ``nvml``, ``simulated:PRESET|PATH``."""
-    if spec == "nvml":
-        return pynvml
-    kind, sep, target = spec.partition(":")
-    if kind != "simulated" or not sep or not target:
-        raise ConfigError(
-            [
-                Problem(
-                    path="--gpus",
-                    message=(
-                        f"unknown GPU backend '{spec}': use 'nvml', 'simulated:<preset>' "
-                        f"(one of {', '.join(preset_names())}) or 'simulated:<node file>'"
-                    ),
-                )
-            ]
-        )
-    from sharing_plugin.gpus.simulated import SimulatedNvml  # only loaded when simulating
-
-    if target in preset_names():
-        return SimulatedNvml.from_preset(target)
-    path = Path(target)
-    if path.exists() or path.suffix in (".yaml", ".yml"):
-        return SimulatedNvml.from_file(path)
-    return SimulatedNvml.from_preset(target)  # raises, listing the presets
 
 
 def discover(nvml: Any = pynvml, *, fail_on_init_error: bool = False) -> Inventory:

@@ -19,7 +19,7 @@ from pydantic.alias_generators import to_camel
 
 from sharing_plugin.errors import ConfigError, Problem
 
-PRESET_PACKAGE = "sharing_plugin.gpus.presets"
+PRESET_PACKAGE = "sharing_plugin.sim.nvml.presets"
 
 
 class _Strict(BaseModel):

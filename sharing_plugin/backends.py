@@ -1,0 +1,49 @@
+"""Which NVML the process talks to, chosen once at the entry from a ``--gpus`` SPEC.
+
+``nvml`` is the real `pynvml` module; ``simulated:PRESET`` and ``simulated:PATH`` are the
+in-package simulator of the same surface. Nothing below the entry chooses: the daemon and the
+`plan` command are handed the module, so real adapters never import the simulator.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from sharing_plugin.errors import ConfigError, Problem
+from sharing_plugin.nvml.api import NvmlApi
+from sharing_plugin.sim.nvml.node import preset_names
+
+
+def backend_from_spec(spec: str) -> NvmlApi:
+    """The pynvml-like module for a ``--gpus`` SPEC: ``nvml``, ``simulated:PRESET|PATH``."""
+    if spec == "nvml":
+        import pynvml
+
+        return pynvml
+    kind, sep, target = spec.partition(":")
+    if kind != "simulated" or not sep or not target:
+        raise ConfigError(
+            [
+                Problem(
+                    path="--gpus",
+                    message=(
+                        f"unknown GPU backend '{spec}': use 'nvml', 'simulated:<preset>' "
+                        f"(one of {', '.join(preset_names())}) or 'simulated:<node file>'"
+                    ),
+                )
+            ]
+        )
+    from sharing_plugin.sim.nvml.simulated import SimulatedNvml
+
+    if target in preset_names():
+        return SimulatedNvml.from_preset(target)
+    path = Path(target)
+    if path.exists() or path.suffix in (".yaml", ".yml"):
+        return SimulatedNvml.from_file(path)
+    return SimulatedNvml.from_preset(target)  # raises, listing the presets
+
+
+def names_node_file(spec: str) -> bool:
+    """Whether SPEC names an existing node description file (bad content is invalid input)."""
+    kind, _, target = spec.partition(":")
+    return kind == "simulated" and Path(target).is_file()
