@@ -24,11 +24,9 @@ from sharing_plugin.daemon.health_monitor import HealthEnv
 from sharing_plugin.daemon.logs import configure as configure_logging
 from sharing_plugin.daemon.options import DEFAULT_CONFIG_LABEL, RunOptions
 from sharing_plugin.errors import ConfigError, PlanError, SharingPluginError
-from sharing_plugin.mig.desired import mig_actions
-from sharing_plugin.mig.predict import PLANNED_PREFIX, is_planned, predicted_inventory
 from sharing_plugin.nvml.discover import discover
 from sharing_plugin.observability.http_server import parse_metrics_address
-from sharing_plugin.plan import plan
+from sharing_plugin.plan.node import plan_node
 from sharing_plugin.plan.render import plan_json, plan_table
 from sharing_plugin.sim.demo import run_demo
 
@@ -140,35 +138,26 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     except SharingPluginError as exc:
         print(f"sharing-plugin plan: {args.gpus}: {exc}", file=sys.stderr)
         return EXIT_INVALID
-    # Nothing is held here: the command sees the node, not its pods.
-    mig = mig_actions(config, inventory)
     try:
-        # What the node will advertise once its declared MIG layouts are applied.
-        result = plan(config, predicted_inventory(inventory, mig.actions))
+        # Nothing is held here: the command sees the node, not its pods.
+        node = plan_node(config, inventory)
     except PlanError as exc:
-        for problem in (*mig.problems, *exc.problems):
+        for problem in exc.problems:
             print(problem_line(problem, file=args.config, config_name=name))
         return EXIT_INVALID
     for warning in loaded.warnings:
         print(f"warning: {loaded.file}: {warning}", file=sys.stderr)
-    if mig.problems:
-        for problem in mig.problems:
+    if node.problems:
+        for problem in node.problems:
             print(problem_line(problem, file=args.config, config_name=name))
         return EXIT_INVALID
-    warnings = list(inventory.warnings)
-    planned = sum(1 for r in result.resources for d in r.devices if is_planned(d.physical))
-    if planned:
-        warnings.append(
-            f"{planned} device(s) are on MIG instances that do not exist yet: the plugin creates "
-            f"them when it applies partitioning.mig; their {PLANNED_PREFIX}... IDs here stand "
-            "in for the UUIDs NVML will give them"
-        )
+    result, warnings = node.plan, list(node.warnings)
     if args.format == "json":
-        layouts = [action.to_json() for action in mig.actions]
+        layouts = [action.to_json() for action in node.actions]
         document = plan_json(result, config_name=name, mig=layouts, warnings=warnings)
         print(json.dumps(document, indent=2))
     else:
-        lines = [line for action in mig.actions for line in action.lines()]
+        lines = [line for action in node.actions for line in action.lines()]
         print(plan_table(result, config_name=name, mig=lines, warnings=warnings))
     return EXIT_OK
 

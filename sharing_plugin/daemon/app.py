@@ -46,8 +46,9 @@ from sharing_plugin.nvml.discover import discover
 from sharing_plugin.observability.http_server import MetricsServer
 from sharing_plugin.observability.metrics import Metrics
 from sharing_plugin.observability.status import StatusBoard
-from sharing_plugin.plan import CONTROL_DEVICE_NODES, plan
+from sharing_plugin.plan import CONTROL_DEVICE_NODES
 from sharing_plugin.plan.model import Plan
+from sharing_plugin.plan.node import plan_node
 from sharing_plugin.sources.filewatch import ConfigSource, ConfigUpdate
 from sharing_plugin.sources.nodelabel import KubeClient, NodeLabelWatcher
 
@@ -263,7 +264,7 @@ class Daemon:
             try:
                 inventory = await self._inventory_for(config)
                 inventory = await self._partition(config, inventory)
-                base = plan(config, inventory)
+                base = plan_node(config, inventory, as_is=True).plan
             except PlanError as exc:
                 self._reject(self._placed(exc, loaded, update.name), update.reason)
                 return

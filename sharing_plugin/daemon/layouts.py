@@ -4,15 +4,15 @@ Before a config is planned, its declared layouts are checked against the node (a
 one rejects the config before anything is touched), then carried out through the reconciler
 with what PodResources says pods hold. A layout that must wait for a pod to release an instance
 is pending: it is retried every `retry_s` seconds, through the daemon's own update path, until
-it is applied or a new config replaces it. The state of every GPU goes to /status; a pending or
-failing state is logged once per change, not at every retry of a layout that waits for days.
+it is applied or a new config replaces it. Each GPU's state is kept here as a value and shown
+in /status.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 
 from sharing_plugin.config.model import Config
 from sharing_plugin.daemon.mig import MigReconciler
@@ -20,10 +20,9 @@ from sharing_plugin.daemon.tasks import TaskOwner
 from sharing_plugin.errors import PlanError
 from sharing_plugin.gpus.inventory import Inventory
 from sharing_plugin.kubelet.podresources import PodResourcesClient
-from sharing_plugin.mig.desired import mig_actions
-from sharing_plugin.mig.predict import predicted_inventory
-from sharing_plugin.observability.status import MigState, StatusBoard
-from sharing_plugin.plan import plan
+from sharing_plugin.mig.state import GpuMigState, MigState
+from sharing_plugin.observability.status import StatusBoard
+from sharing_plugin.plan.node import plan_node
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +47,7 @@ class MigLayouts:
         self._retry = retry
         self._retry_s = retry_s
         self._pending = False
+        self._states: dict[str, GpuMigState] = {}
         self._retrying: asyncio.Task[None] | None = None
 
     async def apply(self, config: Config, inventory: Inventory) -> tuple[Inventory, bool]:
@@ -56,31 +56,28 @@ class MigLayouts:
         Raises PlanError (nothing touched) when a declared layout cannot fit its GPU, or when
         the config does not fit the node as the layouts would leave it.
         """
-        planned = mig_actions(config, inventory)
-        if planned.problems:
-            raise PlanError(planned.problems)
-        # The rest of the config must fit the node as the layouts will leave it, or nothing
-        # is touched: raises PlanError before any instance is created or destroyed.
-        plan(config, predicted_inventory(inventory, planned.actions))
-        before = self._status.to_json()["mig"]
-        if config.partitioning is None and not before:
+        checked = plan_node(config, inventory)
+        if checked.problems:
+            raise PlanError(checked.problems)
+        if config.partitioning is None and not self._states:
             return inventory, False
         held_by = await self._pod_resources.held_by()
         outcome = await self._reconciler.reconcile(config, inventory, held_by)
-        for gpu in before:
-            if gpu not in outcome.states:
-                self._status.remove_mig(gpu)
-        for gpu, (state, reason) in outcome.states.items():
-            self._status.set_mig(gpu, state, reason)
-            if state is not MigState.APPLIED and before.get(gpu) != {
-                "state": state.value,
-                "reason": reason,
-            }:
-                log.warning("GPU %s MIG layout %s: %s", gpu, state.value, reason)
-        self._pending = any(s is MigState.PENDING for s, _ in outcome.states.values())
+        self._record(outcome.states)
+        self._pending = any(s.state is MigState.PENDING for s in self._states.values())
         if self._pending:
             self._schedule_retry()
         return outcome.inventory, outcome.changed
+
+    def _record(self, outcome: Mapping[str, tuple[MigState, str | None]]) -> None:
+        """Keep and show the new states; a state that is not applied is logged when it changes,
+        not at every retry of a layout that waits for days."""
+        states = {gpu: GpuMigState(*state) for gpu, state in outcome.items()}
+        for gpu, state in states.items():
+            if state.state is not MigState.APPLIED and self._states.get(gpu) != state:
+                log.warning("GPU %s MIG layout %s: %s", gpu, state.state.value, state.reason)
+        self._states = states
+        self._status.set_mig_states(self._states)
 
     def _schedule_retry(self) -> None:
         if self._retrying is not None and not self._retrying.done():

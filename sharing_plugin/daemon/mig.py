@@ -25,6 +25,7 @@ from sharing_plugin.gpus.catalog import MigProfileSpec, model_for
 from sharing_plugin.gpus.inventory import Gpu, Inventory
 from sharing_plugin.mig.desired import RESET_NEEDED, GpuMigAction, Holder, mig_actions
 from sharing_plugin.mig.layout import MigInstance
+from sharing_plugin.mig.state import MigState
 from sharing_plugin.nvml.discover import discover
 from sharing_plugin.nvml.mig_ops import (
     create_compute_instance,
@@ -33,7 +34,6 @@ from sharing_plugin.nvml.mig_ops import (
     set_mig_mode,
 )
 from sharing_plugin.observability.metrics import Metrics
-from sharing_plugin.observability.status import MigState
 
 log = logging.getLogger(__name__)
 

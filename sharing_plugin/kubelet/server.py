@@ -31,6 +31,7 @@ from sharing_plugin.kubelet import registration
 from sharing_plugin.kubelet.api.constants import DEVICE_PLUGINS_DIR
 from sharing_plugin.kubelet.api.deviceplugin.v1beta1 import api_pb2 as dp
 from sharing_plugin.kubelet.api.deviceplugin.v1beta1 import api_pb2_grpc as dp_grpc
+from sharing_plugin.kubelet.recording import KubeletRecorder
 from sharing_plugin.kubelet.servicer import (
     OPTIONS,
     AllocateContext,
@@ -38,7 +39,6 @@ from sharing_plugin.kubelet.servicer import (
     Snapshot,
     snapshot,
 )
-from sharing_plugin.kubelet.recording import KubeletRecorder
 from sharing_plugin.plan import ResourcePlan
 
 __all__ = ["AllocateContext", "ResourceServer", "socket_name"]

@@ -2,6 +2,6 @@
 
 from sharing_plugin.observability.http_server import MetricsServer, parse_metrics_address
 from sharing_plugin.observability.metrics import Metrics
-from sharing_plugin.observability.status import MigState, StatusBoard
+from sharing_plugin.observability.status import StatusBoard
 
-__all__ = ["Metrics", "MetricsServer", "MigState", "StatusBoard", "parse_metrics_address"]
+__all__ = ["Metrics", "MetricsServer", "StatusBoard", "parse_metrics_address"]

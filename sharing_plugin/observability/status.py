@@ -14,18 +14,11 @@ wants.
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from enum import StrEnum
 from typing import Any
 
-
-class MigState(StrEnum):
-    """Where a GPU's declared MIG layout stands."""
-
-    APPLIED = "applied"
-    PENDING = "pending"  # waiting: a pod still holds an instance the new layout drops
-    ERROR = "error"
+from sharing_plugin.mig.state import GpuMigState, MigState
 
 
 @dataclass(slots=True)
@@ -139,6 +132,10 @@ class StatusBoard:
 
     def remove_mig(self, gpu: str) -> None:
         self._mig.pop(gpu, None)
+
+    def set_mig_states(self, states: Mapping[str, GpuMigState]) -> None:
+        """Every GPU's layout state at once; GPUs left out have no declared layout any more."""
+        self._mig = {gpu: (s.state, s.reason) for gpu, s in states.items()}
 
     # --- readiness and JSON ------------------------------------------------------------------
 

@@ -11,9 +11,9 @@ from typing import Any
 from sharing_plugin.config.model import Config
 from sharing_plugin.daemon.mig import MigReconciler
 from sharing_plugin.mig.desired import RESET_NEEDED
+from sharing_plugin.mig.state import MigState
 from sharing_plugin.nvml.discover import discover
 from sharing_plugin.observability.metrics import Metrics
-from sharing_plugin.observability.status import MigState
 from sharing_plugin.plan import plan
 from sharing_plugin.sim.nvml.node import load_preset
 from sharing_plugin.sim.nvml.simulated import SimulatedNvml

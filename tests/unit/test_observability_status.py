@@ -7,7 +7,8 @@ import json
 
 import pytest
 
-from sharing_plugin.observability import MigState, StatusBoard
+from sharing_plugin.mig.state import MigState
+from sharing_plugin.observability import StatusBoard
 from sharing_plugin.observability.status import rfc3339
 
 GPU = "nvidia.com/gpu"
