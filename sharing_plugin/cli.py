@@ -17,8 +17,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from sharing_plugin.backends import backend_from_spec, names_node_file
-from sharing_plugin.config import load_configs, schema_text, select
-from sharing_plugin.config.locate import problem_line
+from sharing_plugin.config import schema_text, select
 from sharing_plugin.daemon.app import Daemon
 from sharing_plugin.daemon.health_monitor import HealthEnv
 from sharing_plugin.daemon.logs import configure as configure_logging
@@ -29,6 +28,7 @@ from sharing_plugin.observability.http_server import parse_metrics_address
 from sharing_plugin.plan.node import plan_node
 from sharing_plugin.plan.render import plan_json, plan_table
 from sharing_plugin.sim.demo import run_demo
+from sharing_plugin.sources.files import load_configs, problem_line
 
 EXIT_OK = 0
 EXIT_INVALID = 1

@@ -11,7 +11,6 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
@@ -19,7 +18,7 @@ from pydantic import ValidationError
 from sharing_plugin.config.messages import validation_problems
 from sharing_plugin.config.model import DEFAULT_IGNORED_XIDS, Config
 from sharing_plugin.config.rules import config_warnings
-from sharing_plugin.config.yamldoc import MAX_BYTES, Document, Mark, YamlProblem, decode, read
+from sharing_plugin.config.yamldoc import Document, Mark, YamlProblem, decode, read
 from sharing_plugin.errors import ConfigError, Problem
 
 Remap = Callable[[Mark], Mark]
@@ -184,60 +183,6 @@ def parse_configs(text: str | bytes, *, file: str) -> NamedConfigs:
     if _is_configmap(doc.value):
         return _from_configmap(doc, decoded, file=file)
     return {None: _loaded(_config(doc, file=file), data, file)}
-
-
-def _read_bytes(path: Path) -> bytes:
-    try:
-        with path.open("rb") as stream:
-            data = stream.read(MAX_BYTES + 1)
-    except OSError as exc:
-        raise ConfigError([_problem(str(path), "", f"cannot read: {exc.strerror}", None)]) from None
-    if len(data) > MAX_BYTES:
-        raise ConfigError(
-            [_problem(str(path), "", "file is over 1 MiB; a config may be at most 1 MiB", None)]
-        )
-    return data
-
-
-def load_configs(path: Path) -> NamedConfigs:
-    """Every named config at `path`: a config file, a ConfigMap manifest, or a mounted directory.
-
-    A mounted ConfigMap is one file per key behind the `..data` symlink that kubelet swaps
-    atomically; names starting with '.' are kubelet's bookkeeping and are skipped.
-    """
-    if not path.is_dir():
-        return parse_configs(_read_bytes(path), file=str(path))
-    configs: NamedConfigs = {}
-    problems: list[Problem] = []
-    dangling: list[str] = []
-    try:
-        entries = sorted(path.iterdir())
-    except OSError as exc:  # removed or unlistable between the check and the listing
-        raise ConfigError(
-            [Problem(path="", message=f"cannot list the directory: {exc.strerror}", file=str(path))]
-        ) from exc
-    for entry in entries:
-        if entry.name.startswith(".") or not entry.is_file():
-            # A key removed from the ConfigMap dangles for a moment during kubelet's swap, so
-            # a dangling link is skipped; it is only named when nothing else is there.
-            if not entry.name.startswith(".") and entry.is_symlink() and not entry.exists():
-                dangling.append(entry.name)
-            continue
-        try:
-            configs[entry.name] = parse_config(_read_bytes(entry), file=str(entry))
-        except ConfigError as exc:
-            problems.extend(exc.problems)
-    if problems:
-        raise ConfigError(problems)
-    if not configs:
-        message = "the directory holds no config (one file per name)"
-        if dangling:
-            message += (
-                f"; {', '.join(dangling)} link to files that do not exist (a mounted ConfigMap "
-                "whose ..data points at a removed directory?)"
-            )
-        raise ConfigError([_problem(str(path), "", message, None)])
-    return configs
 
 
 def select(

@@ -9,11 +9,9 @@ that path's line again in the file, so `plan` and the daemon's reload errors rea
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 from sharing_plugin.config.loader import block_remap
 from sharing_plugin.config.yamldoc import Mark, YamlProblem, read
-from sharing_plugin.errors import Problem
 
 _PATH_TOKEN = re.compile(r"([^.\[\]]+)|\[(\d+)\]")
 
@@ -43,30 +41,7 @@ def locate(path: str, text: str) -> tuple[int, int] | None:
     return None
 
 
-def problem_line(problem: Problem, *, file: str, config_name: str | None) -> str:
-    """A plan problem as `validate` prints config problems: at the entry it is about."""
-    if problem.file is not None:
-        return str(problem)
-    path = Path(file)
-    manifest = path.is_file() and config_name is not None
-    if path.is_dir() and config_name is not None:
-        path = path / config_name
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError):
-        text = ""
-    prefix = f"data.{config_name}: " if manifest else ""
-    where = (
-        _locate_in_manifest(problem.path, text, config_name)
-        if manifest and config_name is not None
-        else (locate(problem.path, text) if problem.path else None)
-    )
-    at = f"{path}:{where[0]}:{where[1]}: " if where else f"{path}: "
-    inner = f"{problem.path}: " if problem.path else ""
-    return f"{at}{prefix}{inner}{problem.message}"
-
-
-def _locate_in_manifest(path: str, text: str, key: str) -> tuple[int, int] | None:
+def locate_in_manifest(path: str, text: str, key: str) -> tuple[int, int] | None:
     """The line of `path` inside the config held by a ConfigMap's `data.<key>`, in the manifest's
     own lines (as validate reports it); the key's line when the entry cannot be found."""
     fallback = locate(f"data.{key}", text)

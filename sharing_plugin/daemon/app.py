@@ -22,7 +22,6 @@ from pathlib import Path
 from types import TracebackType
 
 from sharing_plugin.config.loader import LoadedConfig
-from sharing_plugin.config.locate import problem_line
 from sharing_plugin.config.model import Config
 from sharing_plugin.daemon.health_monitor import HealthMonitor
 from sharing_plugin.daemon.layouts import MigLayouts
@@ -49,6 +48,7 @@ from sharing_plugin.observability.status import StatusBoard
 from sharing_plugin.plan import CONTROL_DEVICE_NODES
 from sharing_plugin.plan.model import Plan
 from sharing_plugin.plan.node import plan_node
+from sharing_plugin.sources.files import problem_line
 from sharing_plugin.sources.filewatch import ConfigSource, ConfigUpdate
 from sharing_plugin.sources.nodelabel import KubeClient, NodeLabelWatcher
 

@@ -28,8 +28,9 @@ from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from sharing_plugin.config.loader import LoadedConfig, load_configs, select
+from sharing_plugin.config.loader import LoadedConfig, select
 from sharing_plugin.errors import ConfigError, Problem
+from sharing_plugin.sources.files import load_configs
 
 log = logging.getLogger(__name__)
 

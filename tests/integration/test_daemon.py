@@ -9,12 +9,12 @@ import pytest
 from daemon_harness import eventually, running
 
 from sharing_plugin.backends import backend_from_spec
-from sharing_plugin.config import load_configs
 from sharing_plugin.daemon.app import Daemon
 from sharing_plugin.daemon.options import RunOptions
 from sharing_plugin.nvml.discover import discover
 from sharing_plugin.plan import plan
 from sharing_plugin.sim.kubelet.simulator import KubeletSimulator
+from sharing_plugin.sources.files import load_configs
 
 EXAMPLES = Path(__file__).parents[2] / "config" / "examples"
 TIME_SLICING = """\

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from sharing_plugin.cli import main
-from sharing_plugin.config import load_configs
+from sharing_plugin.sources.files import load_configs
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = sorted((ROOT / "config" / "examples").glob("*.yaml"))

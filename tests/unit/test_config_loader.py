@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from sharing_plugin.config import load_configs, parse_config, parse_configs, select
+from sharing_plugin.config import parse_config, parse_configs, select
 from sharing_plugin.errors import ConfigError
+from sharing_plugin.sources.files import load_configs
 
 MANIFEST = """\
 apiVersion: v1

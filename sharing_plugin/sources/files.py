@@ -1,0 +1,95 @@
+"""Configs on disk: a file, a ConfigMap manifest or a mounted ConfigMap directory.
+
+The config package turns text into configs and finds where a path sits in a text; this module
+reads the files those texts come from, so the core never touches the disk. Errors point at the
+file (and, for plan problems, the line) the admin edits.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from sharing_plugin.config.loader import NamedConfigs, parse_config, parse_configs
+from sharing_plugin.config.locate import locate, locate_in_manifest
+from sharing_plugin.config.yamldoc import MAX_BYTES
+from sharing_plugin.errors import ConfigError, Problem
+
+
+def _whole_file(path: Path, message: str) -> Problem:
+    return Problem("", message, file=str(path), line=1, column=1)
+
+
+def read_config_bytes(path: Path) -> bytes:
+    try:
+        with path.open("rb") as stream:
+            data = stream.read(MAX_BYTES + 1)
+    except OSError as exc:
+        raise ConfigError([_whole_file(path, f"cannot read: {exc.strerror}")]) from None
+    if len(data) > MAX_BYTES:
+        message = "file is over 1 MiB; a config may be at most 1 MiB"
+        raise ConfigError([_whole_file(path, message)])
+    return data
+
+
+def load_configs(path: Path) -> NamedConfigs:
+    """Every named config at `path`: a config file, a ConfigMap manifest, or a mounted directory.
+
+    A mounted ConfigMap is one file per key behind the `..data` symlink that kubelet swaps
+    atomically; names starting with '.' are kubelet's bookkeeping and are skipped.
+    """
+    if not path.is_dir():
+        return parse_configs(read_config_bytes(path), file=str(path))
+    configs: NamedConfigs = {}
+    problems: list[Problem] = []
+    dangling: list[str] = []
+    try:
+        entries = sorted(path.iterdir())
+    except OSError as exc:  # removed or unlistable between the check and the listing
+        raise ConfigError(
+            [Problem(path="", message=f"cannot list the directory: {exc.strerror}", file=str(path))]
+        ) from exc
+    for entry in entries:
+        if entry.name.startswith(".") or not entry.is_file():
+            # A key removed from the ConfigMap dangles for a moment during kubelet's swap, so
+            # a dangling link is skipped; it is only named when nothing else is there.
+            if not entry.name.startswith(".") and entry.is_symlink() and not entry.exists():
+                dangling.append(entry.name)
+            continue
+        try:
+            configs[entry.name] = parse_config(read_config_bytes(entry), file=str(entry))
+        except ConfigError as exc:
+            problems.extend(exc.problems)
+    if problems:
+        raise ConfigError(problems)
+    if not configs:
+        message = "the directory holds no config (one file per name)"
+        if dangling:
+            message += (
+                f"; {', '.join(dangling)} link to files that do not exist (a mounted ConfigMap "
+                "whose ..data points at a removed directory?)"
+            )
+        raise ConfigError([_whole_file(path, message)])
+    return configs
+
+
+def problem_line(problem: Problem, *, file: str, config_name: str | None) -> str:
+    """A plan problem as `validate` prints config problems: at the entry it is about."""
+    if problem.file is not None:
+        return str(problem)
+    path = Path(file)
+    manifest = path.is_file() and config_name is not None
+    if path.is_dir() and config_name is not None:
+        path = path / config_name
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        text = ""
+    prefix = f"data.{config_name}: " if manifest else ""
+    where = (
+        locate_in_manifest(problem.path, text, config_name)
+        if manifest and config_name is not None
+        else (locate(problem.path, text) if problem.path else None)
+    )
+    at = f"{path}:{where[0]}:{where[1]}: " if where else f"{path}: "
+    inner = f"{problem.path}: " if problem.path else ""
+    return f"{at}{prefix}{inner}{problem.message}"
