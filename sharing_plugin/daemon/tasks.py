@@ -1,9 +1,10 @@
 """Supervision of long-lived asyncio tasks: every task is named, owned and accounted for.
 
-A task created through `TaskGroupOwner.spawn` logs its failure with its name, and an "eternal"
+A task created through `TaskOwner.spawn` logs its failure with its name, and an "eternal"
 task (one that should run until shutdown) that ends early is logged as such, so a silently dead
 ListAndWatch pusher or watcher is never a mystery. The owner cancels and awaits its tasks on
-close; nothing here sweeps `asyncio.all_tasks()`.
+close, and raises `TasksStuckError` naming any that would not stop; nothing here sweeps
+`asyncio.all_tasks()`.
 """
 
 from __future__ import annotations
@@ -14,6 +15,10 @@ from collections.abc import Coroutine
 from typing import Any
 
 log = logging.getLogger(__name__)
+
+
+class TasksStuckError(RuntimeError):
+    """Tasks still running after they were cancelled and given their grace period."""
 
 
 class TaskOwner:
@@ -57,5 +62,8 @@ class TaskOwner:
             task.cancel()
         if tasks:
             _, pending = await asyncio.wait(tasks, timeout=grace)
-            for task in pending:
-                log.warning("task %s did not stop within %.1fs", task.get_name(), grace)
+            if pending:
+                # A task that ignores cancellation is a bug (a swallowed CancelledError): fail
+                # loudly, so the tests that start it fail rather than log a line.
+                names = ", ".join(sorted(t.get_name() for t in pending))
+                raise TasksStuckError(f"{self._name}: did not stop within {grace:.1f}s: {names}")

@@ -14,7 +14,6 @@ watching its nearest existing ancestor, one level at a time.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Iterable
 from pathlib import Path
@@ -85,11 +84,15 @@ class _DirWatch:
         tb: TracebackType | None,
     ) -> None:
         pending, self._next = self._next, None
-        if pending is not None:
-            pending.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await pending
-        await self._changes.aclose()
+        try:
+            if pending is not None:
+                pending.cancel()
+                # wait() neither raises the watch's own end nor hides a cancellation of ours.
+                await asyncio.wait([pending])
+                if not pending.cancelled():
+                    pending.exception()  # retrieved: the watch is being closed anyway
+        finally:
+            await self._changes.aclose()
 
 
 async def _anext(changes: Any) -> FileChanges:

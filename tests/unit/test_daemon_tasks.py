@@ -3,7 +3,7 @@ import logging
 
 import pytest
 
-from sharing_plugin.daemon.tasks import TaskOwner
+from sharing_plugin.daemon.tasks import TaskOwner, TasksStuckError
 
 
 async def test_close_cancels_every_task() -> None:
@@ -54,3 +54,24 @@ async def test_spawn_after_close_is_refused() -> None:
 
     with pytest.raises(RuntimeError, match="while closing"):
         owner.spawn(nothing(), name="late")
+
+
+async def test_a_task_that_ignores_cancellation_fails_close() -> None:
+    owner = TaskOwner("t")
+    started = asyncio.Event()
+    release = asyncio.Event()
+
+    async def stubborn() -> None:
+        started.set()
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            await release.wait()  # the bug: cancellation swallowed, the task goes on
+
+    task = owner.spawn(stubborn(), name="stubborn")
+    await started.wait()
+    with pytest.raises(TasksStuckError, match=r"t: did not stop within 0\.1s: t:stubborn"):
+        await owner.close(grace=0.1)
+    assert not task.done()
+    release.set()
+    await task
