@@ -4,9 +4,9 @@ from sharing_plugin.plan.allocate import CONTROL_DEVICE_NODES, allocate
 from sharing_plugin.plan.build import plan
 from sharing_plugin.plan.model import (
     ContainerAllocation,
+    DeviceHealth,
     DeviceId,
     DeviceSpec,
-    Health,
     Mount,
     Plan,
     ResourcePlan,
@@ -19,9 +19,9 @@ from sharing_plugin.plan.preferred import preferred
 __all__ = [
     "CONTROL_DEVICE_NODES",
     "ContainerAllocation",
+    "DeviceHealth",
     "DeviceId",
     "DeviceSpec",
-    "Health",
     "Mount",
     "Plan",
     "ResourcePlan",

@@ -179,7 +179,9 @@ def plan(config: Config, inventory: Inventory, *, health: Mapping[str, bool] | N
     problems: list[Problem] = []
     warnings: list[str] = []
     base = _advertised(config, inventory, problems, warnings)
-    shared = apply_sharing(config, inventory, base, problems, warnings)
+    shared = apply_sharing(config, inventory, base)
+    problems.extend(shared.problems)
+    warnings.extend(shared.warnings)
     problems.extend(_size_problems(shared.resources, shared.sources))
     if problems:
         raise PlanError(problems)

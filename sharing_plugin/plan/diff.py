@@ -2,16 +2,25 @@
 
 The supervisor computes `diff(old, new)` and then carries it out; nothing here does I/O. A
 resource whose advertised list is identical (IDs, health, NUMA) is left alone entirely, so
-kubelet sees no ListAndWatch message for it. `with_draining` keeps replicas that a new plan drops
-but a pod still holds, advertised as Unhealthy, so that capacity never lies while they drain.
+kubelet sees no ListAndWatch message for it. `with_draining` keeps devices that a new plan drops
+but a pod still holds (or was just granted), advertised as Unhealthy, so that capacity never lies
+while they drain.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, replace
 
-from sharing_plugin.plan.model import Plan, ResourcePlan, VirtualDevice
+from sharing_plugin.gpus.inventory import Inventory
+from sharing_plugin.plan.model import (
+    REPLICA_SEPARATOR,
+    DeviceId,
+    Plan,
+    ResourcePlan,
+    VirtualDevice,
+    physical_of,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,11 +43,6 @@ class PlanDiff:
             *(f"~{r.name}" for r in self.push),
         ]
         return " ".join(parts) if parts else "no change"
-
-
-def advertised(resource: ResourcePlan) -> tuple[tuple[str, str, int | None], ...]:
-    """What kubelet sees of a resource: the ordered (ID, health, NUMA node) list."""
-    return tuple((d.id, d.health.value, d.numa) for d in resource.devices)
 
 
 def diff(old: Plan | None, new: Plan) -> PlanDiff:
@@ -65,30 +69,59 @@ def diff(old: Plan | None, new: Plan) -> PlanDiff:
     return PlanDiff(start=tuple(start), stop=stop, push=tuple(push), unchanged=tuple(unchanged))
 
 
-def with_draining(new: Plan, old: Plan | None, held: Mapping[str, frozenset[str]]) -> Plan:
-    """`new`, plus every device of `old` that `new` drops while a pod holds it, as Unhealthy.
+def with_draining(
+    new: Plan,
+    old: Plan | None,
+    held: Mapping[str, Collection[str]],
+    *,
+    granted: Mapping[str, Sequence[VirtualDevice]] | None = None,
+    node: Inventory | None = None,
+) -> Plan:
+    """`new`, plus every device a pod holds that `new` does not advertise, as Unhealthy.
 
-    `held` maps resource names to the device IDs pods hold (from PodResources). A resource that
-    `new` removes entirely but whose devices are still held stays, with only those devices.
+    `held` maps resource names to the device IDs pods hold (PodResources); `granted` to the
+    devices Allocate handed out that PodResources may not show yet (kubelet records a pod only
+    after Allocate returns). A resource that `new` removes entirely but whose devices are still
+    held stays, with only those devices.
+
+    Where a draining device comes from: the grant, else `old` (what kubelet was told last), else
+    it is rebuilt from its ID when its physical device is on this node (`node`, or the plans):
+    after a restart there is no `old`, and a pod may hold a replica that the config dropped while
+    the plugin was down. A resource this plugin neither advertises nor advertised is someone
+    else's and left alone, except on that first plan, which has nothing to compare with.
     """
-    if old is None or not held:
+    granted = granted or {}
+    if not any(held.values()) and not any(granted.values()):
         return new
     resources = {r.name: r for r in new.resources}
-    for previous in old.resources:
-        in_use = held.get(previous.name, frozenset())
-        if not in_use:
+    rebuild = _Rebuilder(new, old, node)
+    for name in sorted(set(held) | set(granted)):
+        current = resources.get(name)
+        previous = old.resource(name) if old is not None else None
+        given = {d.id: d for d in granted.get(name, ())}
+        if current is None and previous is None and not given and old is not None:
             continue
-        current = resources.get(previous.name)
-        kept = set(current.ids) if current is not None else set()
-        leaving = tuple(
-            _draining(d) for d in previous.devices if d.id in in_use and d.id not in kept
-        )
+        kept = current if current is not None else _EMPTY
+        missing = {i for i in held.get(name, ()) if i not in kept} | {
+            i for i in given if i not in kept
+        }
+        if not missing:
+            continue
+        ordered = [d.id for d in previous.devices if d.id in missing] if previous else []
+        ordered += sorted(missing.difference(ordered))
+        leaving: list[VirtualDevice] = []
+        for device_id in ordered:
+            device = given.get(device_id) or (previous.device(device_id) if previous else None)
+            device = device or rebuild(device_id)
+            if device is not None:
+                leaving.append(_draining(device))
         if not leaving:
             continue
         if current is None:
-            resources[previous.name] = replace(previous, devices=leaving)
+            source = previous or ResourcePlan(name=name, devices=())
+            resources[name] = replace(source, devices=tuple(leaving))
         else:
-            resources[previous.name] = replace(current, devices=current.devices + leaving)
+            resources[name] = replace(current, devices=current.devices + tuple(leaving))
     return replace(new, resources=tuple(resources[name] for name in sorted(resources)))
 
 
@@ -106,3 +139,57 @@ def draining_ids(new: Plan, undrained: Plan) -> dict[str, tuple[str, ...]]:
 
 def _draining(device: VirtualDevice) -> VirtualDevice:
     return device if not device.healthy else replace(device, healthy=False)
+
+
+_EMPTY = ResourcePlan(name="", devices=())
+
+
+class _Rebuilder:
+    """A stand-in for a held device known only by its ID, from what the node says about its
+    physical device: a sibling replica in either plan, else the inventory. It is advertised
+    Unhealthy, so kubelet never hands it out; only its ID, health and NUMA node matter."""
+
+    def __init__(self, new: Plan, old: Plan | None, node: Inventory | None) -> None:
+        self._plans = (new, old) if old is not None else (new,)
+        self._node = node
+        self._siblings: dict[str, VirtualDevice] | None = None
+
+    def __call__(self, device_id: str) -> VirtualDevice | None:
+        physical = physical_of(device_id)
+        _, sep, suffix = device_id.partition(REPLICA_SEPARATOR)
+        replica = int(suffix) if sep and suffix.isdigit() else None
+        if sep and replica is None:
+            return None  # not an ID this plugin makes
+        if self._siblings is None:
+            self._siblings = {
+                d.physical: d for p in self._plans for r in p.resources for d in r.devices
+            }
+        sibling = self._siblings.get(physical) or self._from_node(physical)
+        if sibling is None:
+            return None
+        return replace(
+            sibling,
+            id=DeviceId(device_id),
+            replica=replica,
+            healthy=False,
+            discovered_healthy=False,
+        )
+
+    def _from_node(self, physical: str) -> VirtualDevice | None:
+        if self._node is None:
+            return None
+        gpu = self._node.gpu(physical)
+        mig = self._node.mig_device(physical) if gpu is None else None
+        parent = self._node.gpu(mig.parent_uuid) if mig is not None else gpu
+        if parent is None:
+            return None
+        return VirtualDevice(
+            id=DeviceId(physical),
+            physical=physical,
+            gpu_uuid=parent.uuid,
+            index=str(parent.index) if mig is None else f"{parent.index}:{mig.index}",
+            numa=parent.numa_node,
+            paths=(),
+            is_mig=mig is not None,
+            compute_capability=parent.compute_capability,
+        )

@@ -33,7 +33,7 @@ def physical_of(device_id: str) -> str:
     return head if sep else device_id
 
 
-class Health(StrEnum):
+class DeviceHealth(StrEnum):
     """The two health values of the kubelet device plugin API."""
 
     HEALTHY = "Healthy"
@@ -58,8 +58,8 @@ class VirtualDevice:
     compute_capability: tuple[int, int] = (0, 0)
 
     @property
-    def health(self) -> Health:
-        return Health.HEALTHY if self.healthy else Health.UNHEALTHY
+    def health(self) -> DeviceHealth:
+        return DeviceHealth.HEALTHY if self.healthy else DeviceHealth.UNHEALTHY
 
     @property
     def shared(self) -> bool:

@@ -43,8 +43,12 @@ def mps_client_limit(compute_capability: tuple[int, int]) -> int:
 
 @dataclass(frozen=True, slots=True)
 class Shared:
+    """The resources after sharing, and what the sharing section got wrong or should say."""
+
     resources: list[ResourcePlan]
     sources: dict[str, str]  # resource name -> path of the first sharing entry producing it
+    problems: tuple[Problem, ...] = ()
+    warnings: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -225,10 +229,10 @@ def apply_sharing(
     config: Config,
     inventory: Inventory,
     base: BaseDevices,
-    problems: list[Problem],
-    warnings: list[str],
 ) -> Shared:
-    """The resources after sharing; problems and warnings are appended to the given lists."""
+    """The resources after sharing, with the sharing section's problems and warnings."""
+    problems: list[Problem] = []
+    warnings: list[str] = []
     sharing = config.sharing.active
     kind = config.sharing.kind
     if sharing is None:
@@ -288,4 +292,6 @@ def apply_sharing(
             for name, devices in out.items()
         ],
         sources,
+        problems=tuple(problems),
+        warnings=tuple(warnings),
     )

@@ -7,7 +7,7 @@ from plan_factory import A100, T4, config, gpu, gpu_uuid, mig_uuid, node, time_s
 
 from sharing_plugin.config.model import SharingKind
 from sharing_plugin.errors import PlanError
-from sharing_plugin.plan import Health, plan
+from sharing_plugin.plan import DeviceHealth, plan
 from sharing_plugin.plan.build import mig_capability_paths
 
 
@@ -29,7 +29,7 @@ def test_whole_gpus_under_nvidia_gpu_in_index_order() -> None:
         0,
         ("/dev/nvidia0",),
     )
-    assert d.health is Health.HEALTHY
+    assert d.health is DeviceHealth.HEALTHY
     assert p.warnings == ()
 
 
@@ -154,7 +154,10 @@ def test_health_mapping_marks_a_gpu_and_everything_on_it() -> None:
 
 def test_gpu_unhealthy_at_discovery_stays_unhealthy() -> None:
     p = plan(config(), node(gpu(0, healthy=False), gpu(1)))
-    assert [d.health for d in p.resources[0].devices] == [Health.UNHEALTHY, Health.HEALTHY]
+    assert [d.health for d in p.resources[0].devices] == [
+        DeviceHealth.UNHEALTHY,
+        DeviceHealth.HEALTHY,
+    ]
     assert p.with_health({gpu_uuid(0): True}).resources[0].healthy_count == 1
 
 
