@@ -61,9 +61,9 @@ def quantiles(samples: list[float]) -> str:
     )
 
 
-async def bench_swap(root: Path, rounds: int, step_ms: int) -> list[float]:
+async def bench_swap(root: Path, rounds: int) -> list[float]:
     volume = ConfigMapVolume(root, {"default": TEXT.format(1), "other": TEXT.format(99)})
-    source = ConfigSource(root, step_ms=step_ms)
+    source = ConfigSource(root)
     source.read()
     queue: asyncio.Queue[tuple[float, ConfigUpdate]] = asyncio.Queue()
 
@@ -89,11 +89,11 @@ async def bench_swap(root: Path, rounds: int, step_ms: int) -> list[float]:
     return samples
 
 
-async def bench_label(root: Path, rounds: int, step_ms: int) -> list[float]:
+async def bench_label(root: Path, rounds: int) -> list[float]:
     ConfigMapVolume(root, {"default": TEXT.format(1), "a": TEXT.format(2), "b": TEXT.format(3)})
     async with FakeKubeApi(NODE) as api:
         watcher = NodeLabelWatcher(NODE, client=KubeClient(api.url))
-        source = ConfigSource(root, label_value=lambda: watcher.value, step_ms=step_ms)
+        source = ConfigSource(root, label_value=lambda: watcher.value)
         source.read()
         queue: asyncio.Queue[tuple[float, ConfigUpdate]] = asyncio.Queue()
 
@@ -126,9 +126,9 @@ async def bench_label(root: Path, rounds: int, step_ms: int) -> list[float]:
     return samples
 
 
-async def idle_cpu(root: Path, seconds: float, step_ms: int) -> float:
+async def idle_cpu(root: Path, seconds: float) -> float:
     ConfigMapVolume(root, {"default": TEXT.format(1)})
-    source = ConfigSource(root, step_ms=step_ms)
+    source = ConfigSource(root)
     source.read()
 
     async def consume() -> None:
@@ -152,17 +152,16 @@ async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="20 rounds each, 1 s idle")
     parser.add_argument("--rounds", type=int, default=100)
-    parser.add_argument("--step-ms", type=int, default=5)
     args = parser.parse_args()
     rounds = 20 if args.quick else args.rounds
     with tempfile.TemporaryDirectory(prefix="bench-reload-") as tmp:
         base = Path(tmp)
-        swap = await bench_swap(base / "swap", rounds, args.step_ms)
+        swap = await bench_swap(base / "swap", rounds)
         print(f"configmap ..data swap -> update yielded: {quantiles(swap)}")
-        label = await bench_label(base / "label", rounds, args.step_ms)
+        label = await bench_label(base / "label", rounds)
         print(f"node label change -> update yielded:     {quantiles(label)}")
-        cpu = await idle_cpu(base / "idle", 1.0 if args.quick else 5.0, args.step_ms)
-        print(f"idle CPU of a watching ConfigSource (step {args.step_ms} ms): {cpu:.2f}% of a core")
+        cpu = await idle_cpu(base / "idle", 1.0 if args.quick else 5.0)
+        print(f"idle CPU of a watching ConfigSource: {cpu:.2f}% of a core")
 
 
 if __name__ == "__main__":

@@ -97,10 +97,8 @@ class Daemon:
             options.config_path,
             requested_name=options.config_name,
             label_value=lambda: self._label_value,
-            # watchfiles checks for changes once per step, idle or not: 40 ms keeps a reload
-            # well under the 150 ms goal at 25 idle wake-ups a second.
-            debounce_ms=40,
-            step_ms=40,
+            # A ConfigMap swap is four renames within a millisecond; 20 ms of quiet is one batch.
+            debounce_ms=20,
         )
         self.pod_resources = PodResourcesClient(options.kubelet_dir)
         self.supervisor = Supervisor(

@@ -3,7 +3,7 @@
 A restarting kubelet deletes every file in device-plugins/ but its checkpoint, our sockets
 included, then listens on a new `kubelet.sock`; every plugin has to register again, on a fresh
 socket, and nothing tells it but the file system (devicemanager `CleanupPluginDirectory`). So we
-watch the directory with inotify (watchfiles) and react to two things: `kubelet.sock` created
+watch the directory with inotify and react to two things: `kubelet.sock` created
 (kubelet restarted) and one of our own sockets deleted (someone removed it; kubelet can no longer
 reach us). No polling: an idle node costs no CPU.
 
@@ -17,87 +17,18 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Iterable
 from pathlib import Path
-from types import TracebackType
-from typing import Any
 
-from watchfiles import Change, awatch
-
+from sharing_plugin.fswatch import Change, DirectoryGone, DirectoryWatch, FileChange
 from sharing_plugin.kubelet.api.constants import DEVICE_PLUGINS_DIR, KUBELET_SOCKET
 
 log = logging.getLogger(__name__)
 
 # A kubelet restart is a burst (kubelet.sock removed, plugin sockets removed, kubelet.sock
-# created) within a few milliseconds; 100 ms groups it into one batch without delaying the
-# re-registration noticeably. watchfiles wakes once per step even when nothing happens, so the
-# step is what an idle plugin pays: 100 ms is 10 wake-ups a second for an event that is rare.
-DEBOUNCE_MS = 100
-STEP_MS = 100
+# created) within a few milliseconds; 50 ms of quiet groups it into one batch without delaying
+# the re-registration noticeably. Nothing wakes while the directory is quiet.
+DEBOUNCE_S = 0.05
 # Back-off after the watch itself fails (directory removed under us, permission trouble).
 _BACKOFF_S = (0.1, 0.5, 1.0, 2.0, 5.0)
-
-FileChanges = set[tuple[Change, str]]
-
-
-class _DirWatch:
-    """An inotify watch on one directory (not recursive), armed when `async with` returns.
-
-    Armed before returning matters: callers check the file system right after entering, and
-    a change between that check and the watch starting would otherwise be lost forever.
-    """
-
-    def __init__(self, directory: Path) -> None:
-        self.directory = directory
-        self._changes = awatch(
-            directory,
-            watch_filter=None,
-            debounce=DEBOUNCE_MS,
-            step=STEP_MS,
-            recursive=False,
-        )
-        self._next: asyncio.Task[FileChanges] | None = None
-
-    async def __aenter__(self) -> _DirWatch:
-        self._arm()
-        # awatch creates its inotify watcher synchronously in the first step of the generator,
-        # before it first awaits; one turn of the loop runs that step.
-        await asyncio.sleep(0)
-        if self._next is not None and self._next.done():
-            self._next.result()  # the directory could not be watched: raise that here
-        return self
-
-    def _arm(self) -> None:
-        self._next = asyncio.create_task(
-            _anext(self._changes), name=f"kubelet-watch:{self.directory}"
-        )
-
-    async def changes(self) -> FileChanges:
-        """The next batch of changes in the directory."""
-        assert self._next is not None
-        batch = await self._next
-        self._arm()
-        return batch
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        pending, self._next = self._next, None
-        try:
-            if pending is not None:
-                pending.cancel()
-                # wait() neither raises the watch's own end nor hides a cancellation of ours.
-                await asyncio.wait([pending])
-                if not pending.cancelled():
-                    pending.exception()  # retrieved: the watch is being closed anyway
-        finally:
-            await self._changes.aclose()
-
-
-async def _anext(changes: Any) -> FileChanges:
-    result: FileChanges = await changes.__anext__()
-    return result
 
 
 def _exists(path: Path) -> bool:
@@ -117,11 +48,13 @@ async def wait_for_path(path: Path) -> None:
     while not _exists(path):
         directory = _nearest_existing(path.parent)
         try:
-            async with _DirWatch(directory) as watch:
+            async with DirectoryWatch(directory, debounce_s=DEBOUNCE_S) as watch:
                 while not _exists(path) and _nearest_existing(path.parent) == directory:
                     await watch.changes()
             failures = 0
-        except OSError as exc:  # the directory vanished or cannot be read: back off, retry
+        except DirectoryGone:
+            continue  # the ancestor went away: watch the next one that exists
+        except OSError as exc:  # the directory cannot be watched or read: back off, retry
             delay = _BACKOFF_S[min(failures, len(_BACKOFF_S) - 1)]
             failures += 1
             log.warning("cannot watch %s for %s (%s); retrying in %gs", directory, path, exc, delay)
@@ -168,23 +101,25 @@ class KubeletWatcher:
             delay = 0.0
             try:
                 inode = self._plugin_dir.stat().st_ino
-                async with _DirWatch(self._plugin_dir) as watch:
+                async with DirectoryWatch(self._plugin_dir, debounce_s=DEBOUNCE_S) as watch:
                     failures = 0
                     self.ready.set()
                     while True:
                         changes = await watch.changes()
                         await self._dispatch(changes)
                         if not self._same_directory(inode):
-                            # Removed (and maybe recreated): the inotify watch died with it.
-                            log.info("%s was replaced; watching it again", self._plugin_dir)
                             break
+            except DirectoryGone:
+                pass  # removed (and maybe recreated): the inotify watch died with it
             except OSError as exc:
                 delay = _BACKOFF_S[min(failures, len(_BACKOFF_S) - 1)]
                 failures += 1
                 log.warning("cannot watch %s (%s); retrying in %gs", self._plugin_dir, exc, delay)
             finally:
                 self.ready.clear()
-            if delay:
+            if not delay:
+                log.info("%s was replaced; watching it again", self._plugin_dir)
+            else:
                 await asyncio.sleep(delay)
 
     def _same_directory(self, inode: int) -> bool:
@@ -193,9 +128,9 @@ class KubeletWatcher:
         except OSError:
             return False
 
-    async def _dispatch(self, changes: FileChanges) -> None:
-        created = {Path(p) for c, p in changes if c is Change.added}
-        deleted = {Path(p) for c, p in changes if c is Change.deleted}
+    async def _dispatch(self, changes: list[FileChange]) -> None:
+        created = {c.path for c in changes if c.change is Change.ADDED}
+        deleted = {c.path for c in changes if c.change is Change.DELETED}
         if self._kubelet_socket in created and self._kubelet_socket.exists():
             log.info("kubelet restarted (%s created): registering again", self._kubelet_socket)
             await self._call(self._on_kubelet_restart())

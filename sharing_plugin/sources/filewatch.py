@@ -22,7 +22,6 @@ Why it is shaped so:
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass
@@ -30,6 +29,7 @@ from pathlib import Path
 
 from sharing_plugin.config.loader import LoadedConfig, select
 from sharing_plugin.errors import ConfigError, Problem
+from sharing_plugin.fswatch import DirectoryGone, DirectoryWatch
 from sharing_plugin.sources.files import load_configs
 
 log = logging.getLogger(__name__)
@@ -71,14 +71,12 @@ class ConfigSource:
         requested_name: str | None = None,
         label_value: Callable[[], str | None] | None = None,
         debounce_ms: int = 20,
-        step_ms: int = 5,
         error_settle_ms: int = 100,
     ) -> None:
         self._path = path
         self._requested_name = requested_name
         self._label_value = label_value or (lambda: None)
-        self._debounce_ms = debounce_ms
-        self._step_ms = step_ms
+        self._debounce_s = debounce_ms / 1000
         self._error_settle_s = error_settle_ms / 1000
         self._stop = asyncio.Event()
         self._wake = asyncio.Event()
@@ -167,32 +165,23 @@ class ConfigSource:
         self._wake.set()
 
     async def _watch(self, path: Path) -> None:
-        """Watch `path` through the right directory until stopped; re-aim when it moves."""
-        # Lazy: watchfiles loads a native extension and is only needed by the daemon.
-        from watchfiles import awatch
-
+        """Watch `path` through the right directory until cancelled; re-aim when it moves."""
         delay = _RETRY_MIN_S
-        while not self._stop.is_set():
+        while True:
             target, relevant = _watch_target(path)
-            # Whatever happened while no watch was in place must not be missed: read again.
-            # The consumer runs this read only after this task yields, and awatch sets up its
-            # inotify watch before its first suspension, so the read cannot precede the watch.
-            self._changed()
             try:
-                async for changes in awatch(
-                    target,
-                    watch_filter=None,
-                    debounce=self._debounce_ms,
-                    step=self._step_ms,
-                    stop_event=self._stop,
-                    recursive=False,
-                ):
-                    if any(relevant(Path(p)) for _, p in changes):
-                        self._changed()
-                    if _watch_target(path)[0] != target:
-                        break  # the path appeared, vanished or changed kind: aim again
+                async with DirectoryWatch(target, debounce_s=self._debounce_s) as watch:
+                    # Whatever happened while no watch was in place must not be missed: read
+                    # again, now that the watch is armed.
+                    self._changed()
+                    while _watch_target(path)[0] == target:
+                        changes = await watch.changes()
+                        if any(relevant(c.path) for c in changes):
+                            self._changed()
+                delay = _RETRY_MIN_S  # the path appeared, vanished or changed kind: aim again
+            except DirectoryGone:
                 delay = _RETRY_MIN_S
-            except Exception as exc:
+            except OSError as exc:
                 # inotify limits, a directory removed between choosing and watching it, ...
                 log.warning(
                     "cannot watch %s for config changes (%s); retrying in %.1fs",
@@ -200,8 +189,8 @@ class ConfigSource:
                     exc,
                     delay,
                 )
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._stop.wait(), delay)
+                self._changed()
+                await asyncio.sleep(delay)
                 delay = min(delay * 2, _RETRY_MAX_S)
 
 
@@ -224,11 +213,9 @@ def _watch_target(path: Path) -> tuple[Path, Callable[[Path], bool]]:
 
 
 async def _finish(task: asyncio.Task[None]) -> None:
-    """Wait for the watch task, which ends within a step of the stop event; cancel stragglers."""
-    try:
-        await asyncio.wait_for(asyncio.shield(task), 1.0)
-    except TimeoutError:
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
-    except Exception as exc:  # already logged by nobody: the watch is ours
+    """End the watch task: it only ever waits on the kernel, so cancelling it is immediate."""
+    task.cancel()
+    await asyncio.wait([task])
+    if not task.cancelled() and task.exception() is not None:
+        exc = task.exception()
         log.error("config watch failed: %s", exc, exc_info=exc)

@@ -1,4 +1,4 @@
-"""ConfigSource against real files, real symlink swaps and real watchfiles notifications."""
+"""ConfigSource against real files, real symlink swaps and real inotify notifications."""
 
 from __future__ import annotations
 
