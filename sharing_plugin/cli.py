@@ -15,20 +15,16 @@ import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from sharing_plugin.backends import backend_from_spec, names_node_file
-from sharing_plugin.config import schema_text, select
-from sharing_plugin.daemon.app import Daemon
-from sharing_plugin.daemon.health_monitor import HealthEnv
-from sharing_plugin.daemon.logs import configure as configure_logging
-from sharing_plugin.daemon.options import DEFAULT_CONFIG_LABEL, RunOptions
+from sharing_plugin.config.names import DEFAULT_CONFIG_LABEL
 from sharing_plugin.errors import ConfigError, PlanError, SharingPluginError
-from sharing_plugin.nvml.discover import discover
-from sharing_plugin.observability.http_server import parse_metrics_address
-from sharing_plugin.plan.node import plan_node
-from sharing_plugin.plan.render import plan_json, plan_table
-from sharing_plugin.sim.demo import run_demo
-from sharing_plugin.sources.files import load_configs, problem_line
+
+if TYPE_CHECKING:
+    from sharing_plugin.daemon.options import RunOptions
+
+# Each command imports what only it needs when it runs: `validate` never loads grpc, NVML or
+# the simulators, and `run` starts sooner.
 
 EXIT_OK = 0
 EXIT_INVALID = 1
@@ -85,6 +81,8 @@ _RUN_FLAGS: tuple[tuple[str, str, str | None, str], ...] = (
 
 
 def _cmd_validate(args: argparse.Namespace) -> int:
+    from sharing_plugin.sources.files import load_configs
+
     missing = [name for name in args.files if not Path(name).exists()]
     for name in missing:
         print(f"sharing-plugin validate: {name}: no such file or directory", file=sys.stderr)
@@ -109,11 +107,20 @@ def _cmd_validate(args: argparse.Namespace) -> int:
 
 
 def _cmd_schema(args: argparse.Namespace) -> int:
+    from sharing_plugin.config import schema_text
+
     sys.stdout.write(schema_text())
     return EXIT_OK
 
 
 def _cmd_plan(args: argparse.Namespace) -> int:
+    from sharing_plugin.backends import backend_from_spec, names_node_file
+    from sharing_plugin.config import select
+    from sharing_plugin.nvml.discover import discover
+    from sharing_plugin.plan.node import plan_node
+    from sharing_plugin.plan.render import plan_json, plan_table
+    from sharing_plugin.sources.files import load_configs, problem_line
+
     if not Path(args.config).exists():  # as validate: a path that is not there is a usage error
         print(f"sharing-plugin plan: {args.config}: no such file or directory", file=sys.stderr)
         return EXIT_USAGE
@@ -163,6 +170,10 @@ def _cmd_plan(args: argparse.Namespace) -> int:
 
 
 def _run_options(args: argparse.Namespace) -> RunOptions:
+    from sharing_plugin.daemon.health_monitor import HealthEnv
+    from sharing_plugin.daemon.options import RunOptions
+    from sharing_plugin.observability.http_server import parse_metrics_address
+
     if args.log_format not in ("text", "json"):
         raise ValueError(f"--log-format must be text or json (got {args.log_format!r})")
     return RunOptions(
@@ -178,6 +189,9 @@ def _run_options(args: argparse.Namespace) -> RunOptions:
 
 
 async def _serve(options: RunOptions) -> None:
+    from sharing_plugin.backends import backend_from_spec
+    from sharing_plugin.daemon.app import Daemon
+
     loop = asyncio.get_running_loop()
     daemon = Daemon(options, nvml=backend_from_spec(options.gpus))
     # Handlers first: a signal that arrives while the daemon is still starting must stop it
@@ -195,6 +209,8 @@ async def _serve(options: RunOptions) -> None:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
+    from sharing_plugin.daemon.logs import configure as configure_logging
+
     try:
         options = _run_options(args)
     except ValueError as exc:
@@ -210,6 +226,9 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
+    from sharing_plugin.daemon.logs import configure as configure_logging
+    from sharing_plugin.sim.demo import run_demo
+
     configure_logging("text", level=logging.WARNING)
     # The simulated kubelet warns, as kubelet does, when our stream ends at shutdown: expected.
     logging.getLogger("sharing_plugin.sim.kubelet.endpoint").setLevel(logging.ERROR)

@@ -13,6 +13,8 @@ from functools import lru_cache
 
 from pydantic_core import PydanticCustomError
 
+# The node label naming which of a ConfigMap's configs a node uses (the reference's key).
+DEFAULT_CONFIG_LABEL = "nvidia.com/device-plugin.config"
 DEFAULT_PREFIX = "nvidia.com"
 _DNS_LABEL = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
 _DNS_SUBDOMAIN = re.compile(rf"{_DNS_LABEL}(\.{_DNS_LABEL})*")

@@ -5,9 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from sharing_plugin.config.names import DEFAULT_CONFIG_LABEL
 from sharing_plugin.daemon.health_monitor import HealthEnv
-
-DEFAULT_CONFIG_LABEL = "nvidia.com/device-plugin.config"
 
 
 @dataclass(frozen=True, slots=True)
