@@ -9,6 +9,11 @@ response, so the server speaks just that: GET (and HEAD), one request per connec
 The server must never be the reason the plugin stops: a request that is garbage, too large, too
 slow (a read timeout bounds each request) or from one of too many clients gets an error response or
 a closed connection, and the next request is served as usual.
+
+Nor the reason kubelet restarts it: past the connection cap, a connection still gets a short read
+deadline and, when it asks for a probe (`/healthz`, `/readyz`), its answer; only the other paths
+get 503. A cap that refused probes too would let a hundred idle connections, reconnecting as
+soon as they are closed, fail the liveness probe of a healthy plugin for as long as they last.
 """
 
 from __future__ import annotations
@@ -35,6 +40,8 @@ _METHOD = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")  # RFC 9110 token
 _LABEL = r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
 _HOSTNAME = re.compile(rf"(?=.{{1,253}}$){_LABEL}(\.{_LABEL})*")  # RFC 1123 names and IPv4
 _PATHS = "/metrics, /healthz, /readyz or /status"
+# Answered past the connection cap: cheap, and what kubelet's probes ask for.
+_PROBES = frozenset({"/healthz", "/readyz"})
 
 
 def parse_metrics_address(text: str) -> tuple[str, int] | None:
@@ -97,6 +104,7 @@ class MetricsServer:
         read_timeout: float = 5.0,
         write_timeout: float = 5.0,
         max_connections: int = 64,
+        probe_read_timeout: float = 1.0,
     ) -> None:
         self.host = host
         self._requested_port = port
@@ -105,6 +113,8 @@ class MetricsServer:
         self._read_timeout = read_timeout
         self._write_timeout = write_timeout
         self._max_connections = max_connections
+        # Kubelet's probe sends its request as soon as it is connected.
+        self._probe_read_timeout = min(read_timeout, probe_read_timeout)
         self._server: asyncio.Server | None = None
         self._connections: set[asyncio.Task[None]] = set()
 
@@ -118,7 +128,7 @@ class MetricsServer:
 
     @property
     def active_connections(self) -> int:
-        """Connections being answered right now (bounded by `max_connections`)."""
+        """Connections being answered right now (past `max_connections`, probes only)."""
         return len(self._connections)
 
     @property
@@ -198,11 +208,11 @@ class MetricsServer:
 
     async def _exchange(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
         """Answer one request; True when the client may still be sending bytes we did not read."""
-        if len(self._connections) > self._max_connections:
-            await self._send(writer, HTTPStatus.SERVICE_UNAVAILABLE, "too many connections\n")
-            return True
+        over_cap = len(self._connections) > self._max_connections
         try:
-            async with asyncio.timeout(self._read_timeout):
+            async with asyncio.timeout(
+                self._probe_read_timeout if over_cap else self._read_timeout
+            ):
                 method, path, has_body = await self._read_request(reader)
         except _BadRequest as bad:
             await self._send(writer, bad.status, f"{bad}\n")
@@ -212,6 +222,9 @@ class MetricsServer:
             return True
         except asyncio.IncompleteReadError:
             return False  # the client went away before finishing its request
+        if over_cap and path not in _PROBES:
+            await self._send(writer, HTTPStatus.SERVICE_UNAVAILABLE, "too many connections\n")
+            return has_body
         await self._answer(writer, method, path)
         return has_body
 

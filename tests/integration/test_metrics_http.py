@@ -171,7 +171,7 @@ async def test_slow_or_silent_clients_time_out_without_blocking_others(
     assert (await get(served.port, "/healthz")).status == 200
 
 
-async def test_too_many_connections_get_503() -> None:
+async def test_past_the_connection_cap_only_probes_are_answered() -> None:
     async with MetricsServer(
         "127.0.0.1", 0, Metrics(), StatusBoard(), read_timeout=5, max_connections=2
     ) as server:
@@ -180,10 +180,56 @@ async def test_too_many_connections_get_503() -> None:
             # The server has no "accepted" event to wait on; this only runs in this test.
             while server.active_connections < 2:  # noqa: ASYNC110
                 await asyncio.sleep(0.01)
-        assert (await get(server.port, "/healthz")).status == 503
+        assert (await get(server.port, "/metrics")).status == 503
+        assert (await get(server.port, "/status")).status == 503
+        assert (await get(server.port, "/healthz")).status == 200
+        assert (await get(server.port, "/readyz")).status == 503  # not ready: no config
+        assert b"no config loaded" in (await get(server.port, "/readyz")).body
         for _, writer in idle:
             writer.close()
             await writer.wait_closed()
+
+
+async def test_liveness_probe_answers_through_a_reconnecting_connection_flood() -> None:
+    """Issue 16: 100 half-open connections that reconnect when closed held every slot of the
+    cap for their read timeout, and /healthz answered 503 for as long as the flood lasted."""
+    async with MetricsServer("127.0.0.1", 0, Metrics(), StatusBoard(), read_timeout=2) as server:
+        connected = 0
+
+        async def half_open_forever() -> None:
+            nonlocal connected
+            while True:
+                try:
+                    reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+                except OSError:
+                    continue
+                connected += 1
+                try:
+                    writer.write(b"GET /metr")  # ...and never finishes the request
+                    await reader.read()  # until the server gives up on us
+                except ConnectionError:
+                    pass
+                finally:
+                    writer.close()
+
+        flood = [asyncio.create_task(half_open_forever()) for _ in range(100)]
+        try:
+            async with asyncio.timeout(5):
+                while connected < 100:  # noqa: ASYNC110 -- the flood has no event to wait on
+                    await asyncio.sleep(0.01)
+            assert server.active_connections > 64  # every slot of the cap is taken
+            statuses = []
+            for _ in range(10):
+                started = asyncio.get_running_loop().time()
+                statuses.append((await get(server.port, "/healthz")).status)
+                assert asyncio.get_running_loop().time() - started < 1.0
+                await asyncio.sleep(0.05)
+            assert statuses == [200] * 10
+            assert (await get(server.port, "/metrics")).status == 503
+        finally:
+            for task in flood:
+                task.cancel()
+            await asyncio.gather(*flood, return_exceptions=True)
 
 
 async def test_close_ends_connections_stuck_mid_request() -> None:
