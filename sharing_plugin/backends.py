@@ -3,6 +3,9 @@
 ``nvml`` is the real `pynvml` module; ``simulated:PRESET`` and ``simulated:PATH`` are the
 in-package simulator of the same surface. Nothing below the entry chooses: the daemon and the
 `plan` command are handed the module, so real adapters never import the simulator.
+
+Both are returned as an `NvmlApi`: mypy checks here that the simulator has every call the
+adapters make; pynvml is untyped (``Any`` to mypy), so a unit test checks it member by member.
 """
 
 from __future__ import annotations
@@ -19,7 +22,8 @@ def backend_from_spec(spec: str) -> NvmlApi:
     if spec == "nvml":
         import pynvml
 
-        return pynvml
+        real: NvmlApi = pynvml  # untyped: checked against the Protocol by a unit test
+        return real
     kind, sep, target = spec.partition(":")
     if kind != "simulated" or not sep or not target:
         raise ConfigError(
@@ -35,12 +39,15 @@ def backend_from_spec(spec: str) -> NvmlApi:
         )
     from sharing_plugin.sim.nvml.simulated import SimulatedNvml
 
-    if target in preset_names():
-        return SimulatedNvml.from_preset(target)
+    simulated: NvmlApi  # where mypy checks that the simulator fits the Protocol
     path = Path(target)
-    if path.exists() or path.suffix in (".yaml", ".yml"):
-        return SimulatedNvml.from_file(path)
-    return SimulatedNvml.from_preset(target)  # raises, listing the presets
+    if target in preset_names():
+        simulated = SimulatedNvml.from_preset(target)
+    elif path.exists() or path.suffix in (".yaml", ".yml"):
+        simulated = SimulatedNvml.from_file(path)
+    else:
+        simulated = SimulatedNvml.from_preset(target)  # raises, listing the presets
+    return simulated
 
 
 def names_node_file(spec: str) -> bool:

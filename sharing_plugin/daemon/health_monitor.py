@@ -34,8 +34,9 @@ from sharing_plugin.gpus.health_tracker import (
     XidPolicy,
 )
 from sharing_plugin.gpus.inventory import Inventory
+from sharing_plugin.nvml.api import NvmlApi
 from sharing_plugin.nvml.calls import nvml_errors, nvml_session
-from sharing_plugin.nvml.events import XidEvent, XidWatch, describe_kinds
+from sharing_plugin.nvml.events import NvmlEvent, NvmlEventWatch, describe_kinds
 from sharing_plugin.observability.metrics import Metrics
 
 log = logging.getLogger(__name__)
@@ -165,7 +166,7 @@ class HealthMonitor:
 
     def __init__(
         self,
-        nvml: Any,
+        nvml: NvmlApi,
         inventory: Inventory,
         *,
         settings: HealthSettings,
@@ -249,7 +250,7 @@ class HealthMonitor:
         while True:
             inventory = self._tracker.inventory
             try:
-                async with XidWatch(
+                async with NvmlEventWatch(
                     self._nvml, inventory, wait_ms=self._wait_ms, kinds=kinds
                 ) as watch:
                     self._watch_down = False
@@ -286,7 +287,7 @@ class HealthMonitor:
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, self._settings.timing.max_check_s)
 
-    async def _on_event(self, event: XidEvent, now: float) -> None:
+    async def _on_event(self, event: NvmlEvent, now: float) -> None:
         if event.kind is not EventKind.XID:
             if self._metrics is not None:
                 self._metrics.count_ecc_event(event.uuid, event.kind.value)
@@ -365,8 +366,8 @@ class HealthMonitor:
 async def _ended(tasks: list[asyncio.Task[Any]]) -> None:
     """Wait until cancelled tasks have ended, even when cancelled again meanwhile (a stop
     during a restart). A gather would pass the second cancellation on and return at once,
-    leaving the Xid watch's thread joining, and NVML in use, after the monitor has ended; the
-    wait is bounded by one NVML event wait."""
+    leaving the watch and check tasks running after the monitor has ended. Closing the event
+    watch does not wait for NVML, so this wait is short."""
     pending = set(tasks)
     cancelled = False
     while pending:

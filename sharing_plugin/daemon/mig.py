@@ -26,6 +26,7 @@ from sharing_plugin.gpus.inventory import Gpu, Inventory
 from sharing_plugin.mig.desired import RESET_NEEDED, GpuMigAction, Holder, mig_actions
 from sharing_plugin.mig.layout import MigInstance
 from sharing_plugin.mig.state import MigState
+from sharing_plugin.nvml.api import NvmlApi
 from sharing_plugin.nvml.discover import discover
 from sharing_plugin.nvml.mig_ops import (
     create_compute_instance,
@@ -63,7 +64,7 @@ class _Pending(Exception):
 class MigReconciler:
     """Applies MIG layouts through a pynvml-like module (the real one or the simulator)."""
 
-    def __init__(self, nvml: Any, *, metrics: Metrics | None = None) -> None:
+    def __init__(self, nvml: NvmlApi, *, metrics: Metrics | None = None) -> None:
         self._nvml = nvml
         self._metrics = metrics
         self._lock = asyncio.Lock()  # one reconcile at a time: NVML MIG calls do not compose

@@ -1,19 +1,19 @@
 """Calling NVML: sessions and the translation of pynvml errors into the plugin's own.
 
 Every adapter function receives the pynvml module as a value (the real one or the simulated
-stand-in) and goes through these helpers, so the NVML error name always reaches the admin and a
-lost GPU is always a `GpuLostError`.
+stand-in, both an `NvmlApi`) and goes through these helpers, so the NVML error name always
+reaches the admin and a lost GPU is always a `GpuLostError`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
 
 import pynvml
 
 from sharing_plugin.errors import GpuLostError, NvmlError
+from sharing_plugin.nvml.api import NvmlApi
 
 # What to do about the errors an admin can act on; the rest speak for themselves.
 _ADVICE = {
@@ -28,10 +28,10 @@ _ADVICE = {
 }
 
 
-def error_name(nvml: Any, code: int) -> str:
+def error_name(nvml: NvmlApi, code: int) -> str:
     """``NVML_ERROR_*`` name of an NVML return code.
 
-    Looked up in the module in use, then in pynvml's (a stand-in need not list its constants).
+    Looked up in the module in use, then in pynvml's (a stand-in lists only the codes it reads).
     """
     for module in (nvml, pynvml):
         for name in dir(module):
@@ -40,7 +40,7 @@ def error_name(nvml: Any, code: int) -> str:
     return f"NVML error {code}"
 
 
-def to_nvml_error(nvml: Any, exc: BaseException, what: str) -> NvmlError:
+def to_nvml_error(nvml: NvmlApi, exc: BaseException, what: str) -> NvmlError:
     """Our error for a pynvml exception raised while doing `what`."""
     code = getattr(exc, "value", None)
     name = error_name(nvml, code) if isinstance(code, int) else type(exc).__name__
@@ -50,14 +50,14 @@ def to_nvml_error(nvml: Any, exc: BaseException, what: str) -> NvmlError:
     return cls(message, code=code if isinstance(code, int) else None, name=name)
 
 
-def is_code(nvml: Any, exc: BaseException, *names: str) -> bool:
-    """Whether a pynvml exception carries one of the ``NVML_ERROR_*`` codes named."""
+def is_code(exc: BaseException, *codes: int) -> bool:
+    """Whether a pynvml exception carries one of the ``NVML_ERROR_*`` `codes`."""
     code = getattr(exc, "value", None)
-    return any(getattr(nvml, n, object()) == code for n in names)
+    return isinstance(code, int) and code in codes
 
 
 @contextmanager
-def nvml_errors(nvml: Any, what: str) -> Iterator[None]:
+def nvml_errors(nvml: NvmlApi, what: str) -> Iterator[None]:
     """Turn a pynvml error raised inside into an `NvmlError` about `what`."""
     try:
         yield
@@ -66,7 +66,7 @@ def nvml_errors(nvml: Any, what: str) -> Iterator[None]:
 
 
 @contextmanager
-def nvml_session(nvml: Any) -> Iterator[Any]:
+def nvml_session(nvml: NvmlApi) -> Iterator[NvmlApi]:
     """nvmlInit ... nvmlShutdown around a block.
 
     NVML counts initialisations, so nested sessions (discovery inside a running event watch)

@@ -12,9 +12,6 @@ from __future__ import annotations
 import logging
 from contextlib import suppress
 from itertools import combinations
-from typing import Any
-
-import pynvml
 
 from sharing_plugin.errors import NvmlError
 from sharing_plugin.gpus.catalog import model_for
@@ -28,6 +25,7 @@ from sharing_plugin.gpus.inventory import (
     MigUuid,
     Topology,
 )
+from sharing_plugin.nvml.api import DeviceHandle, GpuInstanceProfileInfo, NvmlApi
 from sharing_plugin.nvml.calls import is_code, nvml_errors, text
 
 log = logging.getLogger(__name__)
@@ -35,7 +33,7 @@ log = logging.getLogger(__name__)
 _NVLINK_DEVICE_TYPE_SWITCH = 2  # nvmlIntNvLinkDeviceType_t: NVML_NVLINK_DEVICE_TYPE_SWITCH
 
 
-def discover(nvml: Any = pynvml, *, fail_on_init_error: bool = False) -> Inventory:
+def discover(nvml: NvmlApi, *, fail_on_init_error: bool = False) -> Inventory:
     """Read every GPU, its MIG devices and the links between GPUs.
 
     Without `fail_on_init_error`, a node where NVML cannot start gives an empty inventory with a
@@ -57,14 +55,14 @@ def discover(nvml: Any = pynvml, *, fail_on_init_error: bool = False) -> Invento
             nvml.nvmlShutdown()
 
 
-def _discover(nvml: Any, *, fail_on_init_error: bool) -> Inventory:
+def _discover(nvml: NvmlApi, *, fail_on_init_error: bool) -> Inventory:
     with nvml_errors(nvml, "reading the driver version"):
         driver = text(nvml.nvmlSystemGetDriverVersion())
         cuda = int(nvml.nvmlSystemGetCudaDriverVersion())
     with nvml_errors(nvml, "counting GPUs"):
         count = int(nvml.nvmlDeviceGetCount())
     gpus: list[Gpu] = []
-    handles: dict[int, Any] = {}
+    handles: dict[int, DeviceHandle] = {}
     # A simulated node says what it could not model (a product missing from the catalog is
     # simulated without MIG); the real pynvml module has no such attribute.
     described = getattr(nvml, "warnings", ())
@@ -91,7 +89,7 @@ def _discover(nvml: Any, *, fail_on_init_error: bool) -> Inventory:
     )
 
 
-def _read_gpu(nvml: Any, index: int, handle: Any) -> Gpu:
+def _read_gpu(nvml: NvmlApi, index: int, handle: DeviceHandle) -> Gpu:
     where = f"GPU {index}"
     with nvml_errors(nvml, f"{where}: reading its identity"):
         uuid = GpuUuid(text(nvml.nvmlDeviceGetUUID(handle)))
@@ -124,7 +122,7 @@ def _read_gpu(nvml: Any, index: int, handle: Any) -> Gpu:
     )
 
 
-def _unanswered_gpu(nvml: Any, index: int, problem: str) -> Gpu:
+def _unanswered_gpu(nvml: NvmlApi, index: int, problem: str) -> Gpu:
     """What can still be said about a GPU that failed discovery (its UUID, if it answers that)."""
     uuid = GpuUuid(f"GPU-unavailable-{index}")
     with suppress(nvml.NVMLError):
@@ -143,24 +141,24 @@ def _unanswered_gpu(nvml: Any, index: int, problem: str) -> Gpu:
     )
 
 
-def _numa_node(nvml: Any, handle: Any, where: str) -> int | None:
+def _numa_node(nvml: NvmlApi, handle: DeviceHandle, where: str) -> int | None:
     try:
         node = int(nvml.nvmlDeviceGetNumaNodeId(handle))
     except nvml.NVMLError as exc:
         # Single-socket systems and drivers before R545 have no NUMA answer: not an error.
-        if is_code(nvml, exc, "NVML_ERROR_NOT_SUPPORTED", "NVML_ERROR_FUNCTION_NOT_FOUND"):
+        if is_code(exc, nvml.NVML_ERROR_NOT_SUPPORTED, nvml.NVML_ERROR_FUNCTION_NOT_FOUND):
             return None
         with nvml_errors(nvml, f"{where}: reading its NUMA node"):
             raise
     return node if node >= 0 else None
 
 
-def _mig_mode(nvml: Any, handle: Any, where: str) -> tuple[bool, bool, bool]:
+def _mig_mode(nvml: NvmlApi, handle: DeviceHandle, where: str) -> tuple[bool, bool, bool]:
     """(MIG capable, current mode, pending mode)."""
     try:
         current, pending = nvml.nvmlDeviceGetMigMode(handle)
     except nvml.NVMLError as exc:
-        if is_code(nvml, exc, "NVML_ERROR_NOT_SUPPORTED", "NVML_ERROR_FUNCTION_NOT_FOUND"):
+        if is_code(exc, nvml.NVML_ERROR_NOT_SUPPORTED, nvml.NVML_ERROR_FUNCTION_NOT_FOUND):
             return False, False, False
         with nvml_errors(nvml, f"{where}: reading its MIG mode"):
             raise
@@ -168,36 +166,38 @@ def _mig_mode(nvml: Any, handle: Any, where: str) -> tuple[bool, bool, bool]:
     return True, int(current) == enabled, int(pending) == enabled
 
 
-def gi_profiles(nvml: Any, handle: Any) -> dict[int, tuple[int, Any]]:
+def gi_profiles(
+    nvml: NvmlApi, handle: DeviceHandle
+) -> dict[int, tuple[int, GpuInstanceProfileInfo]]:
     """NVML's GPU-instance profiles of one GPU: profile info id -> (profile index, info).
 
     GPU-instance info names its profile by the per-GPU *id* (19 for 1g.5gb on an A100), not
     by the ``NVML_GPU_INSTANCE_PROFILE_*`` index the catalog uses, so both are collected here.
     """
-    found: dict[int, tuple[int, Any]] = {}
+    found: dict[int, tuple[int, GpuInstanceProfileInfo]] = {}
     for index in range(int(nvml.NVML_GPU_INSTANCE_PROFILE_COUNT)):
         try:
             info = nvml.nvmlDeviceGetGpuInstanceProfileInfo(handle, index)
         except nvml.NVMLError as exc:
-            if is_code(nvml, exc, "NVML_ERROR_NOT_SUPPORTED", "NVML_ERROR_INVALID_ARGUMENT"):
+            if is_code(exc, nvml.NVML_ERROR_NOT_SUPPORTED, nvml.NVML_ERROR_INVALID_ARGUMENT):
                 continue
             raise
         found[int(info.id)] = (index, info)
     return found
 
 
-def profile_name(product: str, index: int, info: Any) -> str:
+def profile_name(product: str, index: int, info: GpuInstanceProfileInfo) -> str:
     """Canonical profile name: the catalog's for a known model, else NVML's own."""
     model = model_for(product)
     spec = model.mig.profile_by_id(index) if model is not None and model.mig else None
     if spec is not None:
         return spec.name
-    name = text(getattr(info, "name", b"")).removeprefix("MIG ").strip()
+    name = text(info.name).removeprefix("MIG ").strip()
     return name or f"{int(info.sliceCount)}g.{round(int(info.memorySizeMB) / 1024)}gb"
 
 
 def _mig_devices(
-    nvml: Any, handle: Any, *, parent_uuid: GpuUuid, parent_index: int, product: str
+    nvml: NvmlApi, handle: DeviceHandle, *, parent_uuid: GpuUuid, parent_index: int, product: str
 ) -> tuple[MigDevice, ...]:
     where = f"GPU {parent_index} ({parent_uuid})"
     with nvml_errors(nvml, f"{where}: listing MIG profiles"):
@@ -209,7 +209,7 @@ def _mig_devices(
             mig = nvml.nvmlDeviceGetMigDeviceHandleByIndex(handle, slot)
         except nvml.NVMLError as exc:
             # Slots are not dense on every driver: an empty one answers NOT_FOUND.
-            if is_code(nvml, exc, "NVML_ERROR_NOT_FOUND", "NVML_ERROR_INVALID_ARGUMENT"):
+            if is_code(exc, nvml.NVML_ERROR_NOT_FOUND, nvml.NVML_ERROR_INVALID_ARGUMENT):
                 continue
             with nvml_errors(nvml, f"{where}: reading MIG device {slot}"):
                 raise
@@ -242,7 +242,7 @@ def _mig_devices(
     return tuple(devices)
 
 
-def _links(nvml: Any, gpus: list[Gpu], handles: dict[int, Any]) -> tuple[GpuLink, ...]:
+def _links(nvml: NvmlApi, gpus: list[Gpu], handles: dict[int, DeviceHandle]) -> tuple[GpuLink, ...]:
     """NVLink counts and PCIe topology for every pair of GPUs that answered."""
     by_bus = {_bus_key(g.pci_bus_id): g.index for g in gpus if g.pci_bus_id}
     direct: dict[tuple[int, int], int] = {}
@@ -271,17 +271,17 @@ def _links(nvml: Any, gpus: list[Gpu], handles: dict[int, Any]) -> tuple[GpuLink
     return tuple(links)
 
 
-def _nvlink_peers(nvml: Any, handle: Any, by_bus: dict[str, int]) -> list[int | None]:
+def _nvlink_peers(nvml: NvmlApi, handle: DeviceHandle, by_bus: dict[str, int]) -> list[int | None]:
     """Per active NVLink: the peer GPU index, or None for a link into an NVSwitch."""
     peers: list[int | None] = []
-    for link in range(int(getattr(nvml, "NVML_NVLINK_MAX_LINKS", 18))):
+    for link in range(int(nvml.NVML_NVLINK_MAX_LINKS)):
         try:
             if not int(nvml.nvmlDeviceGetNvLinkState(handle, link)):
                 continue
             remote = _bus_key(text(nvml.nvmlDeviceGetNvLinkRemotePciInfo(handle, link).busId))
         except nvml.NVMLError as exc:
             # NOT_SUPPORTED: no NVLink at all; INVALID_ARGUMENT: past the GPU's last link.
-            if is_code(nvml, exc, "NVML_ERROR_NOT_SUPPORTED", "NVML_ERROR_INVALID_ARGUMENT"):
+            if is_code(exc, nvml.NVML_ERROR_NOT_SUPPORTED, nvml.NVML_ERROR_INVALID_ARGUMENT):
                 break
             continue
         if remote in by_bus:
@@ -291,10 +291,10 @@ def _nvlink_peers(nvml: Any, handle: Any, by_bus: dict[str, int]) -> list[int | 
     return peers
 
 
-def _remote_is_switch(nvml: Any, handle: Any, link: int) -> bool:
+def _remote_is_switch(nvml: NvmlApi, handle: DeviceHandle, link: int) -> bool:
     try:
         kind = int(nvml.nvmlDeviceGetNvLinkRemoteDeviceType(handle, link))
-    except (nvml.NVMLError, AttributeError):
+    except nvml.NVMLError:
         return False
     return kind == _NVLINK_DEVICE_TYPE_SWITCH
 

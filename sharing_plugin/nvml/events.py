@@ -1,10 +1,16 @@
 """Health events: NVML Xid critical errors and ECC errors, delivered to asyncio as
 (device UUID, Xid, kind).
 
-``nvmlEventSetWait`` blocks and cannot be interrupted, so a worker thread owns the event set and
-waits with a bounded timeout (`wait_ms`); events cross into the loop with
-``call_soon_threadsafe``. Closing the watch stops the thread after at most one more wait. An
-Xid that NVML attributes to a GPU instance / compute instance is mapped to that MIG device's
+``nvmlEventSetWait`` blocks and cannot be interrupted (freeing the event set from another thread
+while it waits is unsafe), so a worker thread owns the event set and waits with a bounded
+timeout (`wait_ms`); events cross into the loop with ``call_soon_threadsafe``. Closing the watch
+does not wait for that thread: it is told to stop and left to finish on its own, freeing its
+event set and ending its NVML session when its current wait returns, and delivering nothing
+more. So a stop, a restart or a daemon shutdown never waits out an NVML wait; the thread is a
+daemon thread and holds nothing that keeps the process alive. An event arriving while a closed
+watch's thread still waits is dropped by it (a restarted watch has its own event set by then).
+
+An Xid that NVML attributes to a GPU instance / compute instance is mapped to that MIG device's
 UUID (as the reference plugin does); an unattributed one names the whole GPU, meaning every
 device on it. NVML fills the instance ids and ``eventData`` only for Xid events, so an ECC
 event always names the whole GPU and carries Xid 0.
@@ -18,28 +24,24 @@ ECC events); a type it lacks is logged and skipped for that GPU only.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ctypes
 import logging
 import threading
 from collections.abc import AsyncIterator
 from types import TracebackType
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 from sharing_plugin.errors import NvmlError
 from sharing_plugin.gpus.health_tracker import EVERY_EVENT_KIND, EventKind
 from sharing_plugin.gpus.inventory import Inventory
+from sharing_plugin.nvml.api import DeviceHandle, EventData, EventSetHandle, NvmlApi
 from sharing_plugin.nvml.calls import is_code, nvml_errors, text, to_nvml_error
 
 log = logging.getLogger(__name__)
 
 _NOT_ATTRIBUTED = 0xFFFFFFFF  # NVML's GPU/compute-instance id when an event has none
 
-# pynvml's name of each kind's event type bit.
-_NVML_EVENT_TYPE = {
-    EventKind.XID: "nvmlEventTypeXidCriticalError",
-    EventKind.DOUBLE_BIT_ECC: "nvmlEventTypeDoubleBitEccError",
-    EventKind.SINGLE_BIT_ECC: "nvmlEventTypeSingleBitEccError",
-}
 _WORDS = {
     EventKind.XID: "Xid",
     EventKind.DOUBLE_BIT_ECC: "double-bit ECC",
@@ -47,7 +49,16 @@ _WORDS = {
 }
 
 
-class XidEvent(NamedTuple):
+def _event_type(nvml: NvmlApi, kind: EventKind) -> int:
+    """NVML's event type bit of each kind."""
+    if kind is EventKind.XID:
+        return int(nvml.nvmlEventTypeXidCriticalError)
+    if kind is EventKind.DOUBLE_BIT_ECC:
+        return int(nvml.nvmlEventTypeDoubleBitEccError)
+    return int(nvml.nvmlEventTypeSingleBitEccError)
+
+
+class NvmlEvent(NamedTuple):
     """One health event: the UUID of the device it hit (a GPU or a MIG device), the Xid number
     (0 for an ECC event) and what kind of event it is."""
 
@@ -68,18 +79,19 @@ class _Ready:
 _READY = _Ready()
 
 
-class XidWatch:
-    """An async context manager and iterator of `XidEvent`s for the inventory's GPUs.
+class NvmlEventWatch:
+    """An async context manager and iterator of `NvmlEvent`s for the inventory's GPUs.
 
-    ``async with XidWatch(nvml, inventory) as events: async for event in events: ...``
+    ``async with NvmlEventWatch(nvml, inventory) as events: async for event in events: ...``
     `kinds` are the events to register (default: every kind). Registration failures of single
     GPUs are logged and skipped (old GPUs lack Xid events); an NVML failure of the watch itself
-    ends the iteration with `NvmlError`.
+    ends the iteration with `NvmlError`. Leaving the ``async with`` returns at once; `released`
+    is set once the thread has freed its event set and ended its NVML session.
     """
 
     def __init__(
         self,
-        nvml: Any,
+        nvml: NvmlApi,
         inventory: Inventory,
         *,
         wait_ms: int = 500,
@@ -90,22 +102,29 @@ class XidWatch:
         self._wait_ms = wait_ms
         self._kinds = kinds
         self._stop = threading.Event()
-        self._queue: asyncio.Queue[XidEvent | BaseException | _Ready] = asyncio.Queue()
+        self._queue: asyncio.Queue[NvmlEvent | BaseException | _Ready] = asyncio.Queue()
         self._thread: threading.Thread | None = None
         self.unwatched: list[str] = []  # GPU UUIDs whose events could not be registered
         self.unsupported: dict[str, frozenset[EventKind]] = {}  # GPU UUID -> kinds it lacks
+        self.released = threading.Event()
+        """Set when the thread has freed its event set and shut its NVML session down."""
         self._uuid_by_handle: dict[int | None, str] = {}
 
-    async def __aenter__(self) -> XidWatch:
+    async def __aenter__(self) -> NvmlEventWatch:
         loop = asyncio.get_running_loop()
+        # A daemon thread, not the loop's executor: a thread abandoned in an NVML wait must
+        # not hold up the process's exit (the executor's threads are joined at exit).
         self._thread = threading.Thread(
             target=self._run, args=(loop,), name="nvml-health-events", daemon=True
         )
         self._thread.start()
-        first = await self._queue.get()
+        try:
+            first = await self._queue.get()
+        except asyncio.CancelledError:
+            self._stop.set()
+            raise
         if isinstance(first, BaseException):
-            await self._join()
-            raise first
+            raise first  # the thread has already cleaned up
         return self
 
     async def __aexit__(
@@ -114,41 +133,41 @@ class XidWatch:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        await self._join()
+        # No join: the thread ends after its current NVML wait, on its own (see above).
+        self._stop.set()
 
-    def __aiter__(self) -> XidWatch:
+    def __aiter__(self) -> NvmlEventWatch:
         return self
 
-    async def __anext__(self) -> XidEvent:
+    async def __anext__(self) -> NvmlEvent:
         if self._thread is None:
-            raise RuntimeError("use 'async with XidWatch(...)' before iterating")
+            raise RuntimeError("use 'async with NvmlEventWatch(...)' before iterating")
         item = await self._queue.get()
         if isinstance(item, BaseException):
             raise item
-        assert isinstance(item, XidEvent)
+        assert isinstance(item, NvmlEvent)
         return item
 
-    async def _join(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            # Bounded by one nvmlEventSetWait timeout; shielded so a cancelled caller still
-            # leaves the event set freed and NVML shut down.
-            await asyncio.shield(asyncio.to_thread(self._thread.join))
+    # ---- in the thread ----
 
     def _run(self, loop: asyncio.AbstractEventLoop) -> None:
         nvml = self._nvml
 
-        def send(item: XidEvent | BaseException | _Ready) -> None:
-            if not loop.is_closed():
+        def send(item: NvmlEvent | BaseException | _Ready) -> None:
+            if self._stop.is_set():
+                return  # closed: nobody reads the queue any more
+            with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
                 loop.call_soon_threadsafe(self._queue.put_nowait, item)
 
         try:
             with nvml_errors(nvml, "initialising NVML for health events"):
                 nvml.nvmlInit()
         except NvmlError as exc:
+            self.released.set()
             send(exc)
             return
-        event_set = None
+        failure: BaseException | None = None
+        event_set: EventSetHandle | None = None
         try:
             with nvml_errors(nvml, "creating the NVML event set"):
                 event_set = nvml.nvmlEventSetCreate()
@@ -159,24 +178,31 @@ class XidWatch:
                 if event is not None:
                     send(event)
         except NvmlError as exc:
-            send(exc)
+            failure = exc
         except Exception as exc:  # a bug must surface in the loop, not die in the thread
             log.exception("NVML health-event thread failed")
-            send(exc)
+            failure = exc
         finally:
-            if event_set is not None:
-                try:
-                    nvml.nvmlEventSetFree(event_set)
-                except nvml.NVMLError as exc:
-                    log.warning("%s", to_nvml_error(nvml, exc, "freeing the NVML event set"))
-            try:
-                nvml.nvmlShutdown()
-            except nvml.NVMLError as exc:
-                log.warning("%s", to_nvml_error(nvml, exc, "shutting NVML down"))
+            self._release(event_set)
+        if failure is not None:
+            send(failure)  # after the clean-up: a failed watch has left NVML as it found it
 
-    def _register(self, event_set: Any) -> None:
+    def _release(self, event_set: EventSetHandle | None) -> None:
         nvml = self._nvml
-        wanted = {kind: int(getattr(nvml, _NVML_EVENT_TYPE[kind])) for kind in self._kinds}
+        if event_set is not None:
+            try:
+                nvml.nvmlEventSetFree(event_set)
+            except nvml.NVMLError as exc:
+                log.warning("%s", to_nvml_error(nvml, exc, "freeing the NVML event set"))
+        try:
+            nvml.nvmlShutdown()
+        except nvml.NVMLError as exc:
+            log.warning("%s", to_nvml_error(nvml, exc, "shutting NVML down"))
+        self.released.set()
+
+    def _register(self, event_set: EventSetHandle) -> None:
+        nvml = self._nvml
+        wanted = {kind: _event_type(nvml, kind) for kind in self._kinds}
         if not wanted:
             return  # nothing to watch: the watch only waits
         words = describe_kinds(self._kinds)
@@ -208,19 +234,16 @@ class XidWatch:
                 log.warning("%s: its health is not watched", error)
                 self.unwatched.append(gpu.uuid)
 
-    def _wait(self, event_set: Any) -> XidEvent | None:
+    def _wait(self, event_set: EventSetHandle) -> NvmlEvent | None:
         nvml = self._nvml
         try:
             data = nvml.nvmlEventSetWait_v2(event_set, self._wait_ms)
         except nvml.NVMLError as exc:
-            if is_code(nvml, exc, "NVML_ERROR_TIMEOUT"):
+            if is_code(exc, nvml.NVML_ERROR_TIMEOUT):
                 return None
             raise to_nvml_error(nvml, exc, "waiting for NVML events") from exc
         event_type = int(data.eventType)
-        kind = next(
-            (k for k in self._kinds if event_type & int(getattr(nvml, _NVML_EVENT_TYPE[k]))),
-            None,
-        )
+        kind = next((k for k in self._kinds if event_type & _event_type(nvml, k)), None)
         if kind is None:
             return None
         # NVML documents eventData and the instance ids for Xid events only.
@@ -232,10 +255,10 @@ class XidWatch:
             with nvml_errors(nvml, f"identifying the GPU of {what}"):
                 gpu_uuid = text(nvml.nvmlDeviceGetUUID(data.device))
         if kind is not EventKind.XID:
-            return XidEvent(gpu_uuid, 0, kind)
-        return XidEvent(self._attribute(gpu_uuid, data), xid)
+            return NvmlEvent(gpu_uuid, 0, kind)
+        return NvmlEvent(self._attribute(gpu_uuid, data), xid)
 
-    def _attribute(self, gpu_uuid: str, data: Any) -> str:
+    def _attribute(self, gpu_uuid: str, data: EventData) -> str:
         gi_id, ci_id = int(data.gpuInstanceId), int(data.computeInstanceId)
         gpu = self._inventory.gpu(gpu_uuid)
         if gpu is None or _NOT_ATTRIBUTED in (gi_id, ci_id):
@@ -246,7 +269,7 @@ class XidWatch:
         return gpu_uuid  # a MIG device created after discovery: the whole GPU is suspect
 
 
-def _handle_key(handle: Any) -> int | None:
+def _handle_key(handle: DeviceHandle) -> int | None:
     """A device handle's identity: pynvml hands out a new ctypes pointer object per call, so
     real handles compare by the address they hold; other handles by object identity."""
     if isinstance(handle, ctypes._Pointer):
@@ -254,14 +277,14 @@ def _handle_key(handle: Any) -> int | None:
     return id(handle)
 
 
-async def xid_events(
-    nvml: Any,
+async def nvml_events(
+    nvml: NvmlApi,
     inventory: Inventory,
     *,
     wait_ms: int = 500,
     kinds: frozenset[EventKind] = EVERY_EVENT_KIND,
-) -> AsyncIterator[XidEvent]:
-    """`XidWatch` as a plain async generator; closing or cancelling it stops the thread."""
-    async with XidWatch(nvml, inventory, wait_ms=wait_ms, kinds=kinds) as watch:
+) -> AsyncIterator[NvmlEvent]:
+    """`NvmlEventWatch` as a plain async generator; closing or cancelling it stops the watch."""
+    async with NvmlEventWatch(nvml, inventory, wait_ms=wait_ms, kinds=kinds) as watch:
         async for event in watch:
             yield event

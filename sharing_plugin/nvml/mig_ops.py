@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import ctypes
 from dataclasses import dataclass
-from typing import Any
 
 from sharing_plugin.gpus.inventory import MigPlacement, MigUuid
+from sharing_plugin.nvml.api import DeviceHandle, GpuInstanceProfileInfo, NvmlApi
 from sharing_plugin.nvml.calls import is_code, nvml_errors, nvml_session, text
 
 
@@ -38,18 +38,20 @@ class CreatedMigDevice:
     uuid: MigUuid
 
 
-def _profile_info(nvml: Any, handle: Any, profile_index: int, where: str) -> Any:
+def _profile_info(
+    nvml: NvmlApi, handle: DeviceHandle, profile_index: int, where: str
+) -> GpuInstanceProfileInfo:
     with nvml_errors(nvml, f"{where}: reading GPU-instance profile {profile_index}"):
         return nvml.nvmlDeviceGetGpuInstanceProfileInfo(handle, profile_index)
 
 
-def _gpu(nvml: Any, gpu_uuid: str) -> Any:
+def _gpu(nvml: NvmlApi, gpu_uuid: str) -> DeviceHandle:
     with nvml_errors(nvml, f"GPU {gpu_uuid}: getting its handle"):
         return nvml.nvmlDeviceGetHandleByUUID(gpu_uuid)
 
 
 def possible_placements(
-    nvml: Any, gpu_uuid: str, *, profile_index: int
+    nvml: NvmlApi, gpu_uuid: str, *, profile_index: int
 ) -> tuple[MigPlacement, ...]:
     """Every placement the GPU allows for a profile (``NVML_GPU_INSTANCE_PROFILE_*``)."""
     with nvml_session(nvml):
@@ -60,40 +62,40 @@ def possible_placements(
         count = ctypes.c_uint(len(placements))
         with nvml_errors(nvml, f"{where}: listing placements of profile {profile_index}"):
             nvml.nvmlDeviceGetGpuInstancePossiblePlacements(
-                handle, info.id, placements, ctypes.byref(count)
+                handle, info.id, placements, ctypes.pointer(count)
             )
         return tuple(MigPlacement(int(p.start), int(p.size)) for p in placements[: count.value])
 
 
-def create_gpu_instance(nvml: Any, gpu_uuid: str, *, profile_index: int, start: int) -> int:
+def create_gpu_instance(nvml: NvmlApi, gpu_uuid: str, *, profile_index: int, start: int) -> int:
     """Create a GPU instance of a profile at a placement start; returns its GI id."""
     with nvml_session(nvml):
         handle = _gpu(nvml, gpu_uuid)
         where = f"GPU {gpu_uuid}"
         info = _profile_info(nvml, handle, profile_index, where)
-        name = text(info.name).removeprefix("MIG ") if hasattr(info, "name") else profile_index
+        name = text(info.name).removeprefix("MIG ") or f"profile {profile_index}"
         # The placement size is the profile's memory-slice count: NVML needs it spelled out.
         slices = _memory_slices(nvml, handle, info)
         placement = nvml.c_nvmlGpuInstancePlacement_t(start, slices)
         with nvml_errors(nvml, f"{where}: creating a {name} GPU instance at memory slice {start}"):
             gi = nvml.nvmlDeviceCreateGpuInstanceWithPlacement(
-                handle, info.id, ctypes.byref(placement)
+                handle, info.id, ctypes.pointer(placement)
             )
             return int(nvml.nvmlGpuInstanceGetInfo(gi).id)
 
 
-def _memory_slices(nvml: Any, handle: Any, info: Any) -> int:
+def _memory_slices(nvml: NvmlApi, handle: DeviceHandle, info: GpuInstanceProfileInfo) -> int:
     placements = (nvml.c_nvmlGpuInstancePlacement_t * 16)()
     count = ctypes.c_uint(len(placements))
     with nvml_errors(nvml, "reading a profile's placement size"):
         nvml.nvmlDeviceGetGpuInstancePossiblePlacements(
-            handle, info.id, placements, ctypes.byref(count)
+            handle, info.id, placements, ctypes.pointer(count)
         )
     return int(placements[0].size) if count.value else 0
 
 
 def create_compute_instance(
-    nvml: Any, gpu_uuid: str, *, gi_id: int, ci_profile_index: int
+    nvml: NvmlApi, gpu_uuid: str, *, gi_id: int, ci_profile_index: int
 ) -> CreatedMigDevice:
     """Create the compute instance inside GPU instance `gi_id`; returns the new MIG device."""
     with nvml_session(nvml):
@@ -109,13 +111,13 @@ def create_compute_instance(
         return CreatedMigDevice(gi_id, ci_id, _mig_uuid(nvml, handle, gi_id, ci_id, where))
 
 
-def _mig_uuid(nvml: Any, handle: Any, gi_id: int, ci_id: int, where: str) -> MigUuid:
+def _mig_uuid(nvml: NvmlApi, handle: DeviceHandle, gi_id: int, ci_id: int, where: str) -> MigUuid:
     with nvml_errors(nvml, f"{where}: finding the new MIG device"):
         for slot in range(int(nvml.nvmlDeviceGetMaxMigDeviceCount(handle))):
             try:
                 mig = nvml.nvmlDeviceGetMigDeviceHandleByIndex(handle, slot)
             except nvml.NVMLError as exc:
-                if is_code(nvml, exc, "NVML_ERROR_NOT_FOUND", "NVML_ERROR_INVALID_ARGUMENT"):
+                if is_code(exc, nvml.NVML_ERROR_NOT_FOUND, nvml.NVML_ERROR_INVALID_ARGUMENT):
                     continue
                 raise
             ids = (
@@ -127,7 +129,7 @@ def _mig_uuid(nvml: Any, handle: Any, gi_id: int, ci_id: int, where: str) -> Mig
         raise nvml.NVMLError(nvml.NVML_ERROR_NOT_FOUND)
 
 
-def destroy_mig_device(nvml: Any, gpu_uuid: str, *, gi_id: int, ci_id: int | None) -> None:
+def destroy_mig_device(nvml: NvmlApi, gpu_uuid: str, *, gi_id: int, ci_id: int | None) -> None:
     """Destroy a compute instance (if `ci_id` is given) and then its GPU instance.
 
     NVML refuses to destroy a GPU instance that still holds compute instances (IN_USE), and a
@@ -147,7 +149,7 @@ def destroy_mig_device(nvml: Any, gpu_uuid: str, *, gi_id: int, ci_id: int | Non
             nvml.nvmlGpuInstanceDestroy(gi)
 
 
-def set_mig_mode(nvml: Any, gpu_uuid: str, *, enabled: bool) -> MigModeState:
+def set_mig_mode(nvml: NvmlApi, gpu_uuid: str, *, enabled: bool) -> MigModeState:
     """Ask for MIG mode on or off; the answer says whether a GPU reset is still needed."""
     with nvml_session(nvml):
         handle = _gpu(nvml, gpu_uuid)

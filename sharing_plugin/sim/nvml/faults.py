@@ -2,12 +2,12 @@
 
 An event set queues events for the GPUs registered on it and wakes a waiter at once, like
 ``nvmlEventSetWait``. Faults come from the node file's `faults` list: entries appended while a
-process runs are delivered once. The file is watched (inotify through watchfiles) so an append
-wakes a waiter within milliseconds, and its size/mtime is also checked whenever a waiter starts
-waiting, which closes the gap before the watcher is ready; nothing polls on a timer. Entries
-appended while no event set existed (the watch is off) are caught up when watching starts
-again: a lost GPU is state and applies, but an Xid or ECC error is gone, since NVML queues
-events only for the event sets registered when they happen.
+process runs are delivered once. The file is watched (inotify through watchfiles) while any
+event set exists, so an append wakes a waiter within milliseconds, and its size/mtime is also
+checked whenever a waiter starts waiting, which closes the gap before the watcher is ready;
+nothing polls on a timer. Entries appended while no event set existed (the watch is off) are
+caught up when watching starts again: a lost GPU is state and applies, but an Xid or ECC error
+is gone, since NVML queues events only for the event sets registered when they happen.
 """
 
 from __future__ import annotations
@@ -18,11 +18,11 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import pynvml
 import watchfiles
 
+from sharing_plugin.nvml.api import DeviceHandle
 from sharing_plugin.sim.nvml.node import Fault, read_faults
 
 log = logging.getLogger(__name__)
@@ -32,7 +32,7 @@ log = logging.getLogger(__name__)
 class SimEventData:
     """What ``nvmlEventSetWait_v2`` returns (c_nvmlEventData_t's fields)."""
 
-    device: Any  # the GPU's device handle
+    device: DeviceHandle  # the GPU it happened on
     eventType: int
     eventData: int
     gpuInstanceId: int
@@ -69,7 +69,14 @@ class SimEventSet:
 
 
 class FaultFeed:
-    """Follows a node file's `faults` list and hands each newly appended entry to `deliver`."""
+    """Follows a node file's `faults` list and hands each newly appended entry to `deliver`.
+
+    Watches while it has users: each event set calls `start` when created and `stop` when
+    freed. Event sets of a closed watch are freed by its thread whenever its last wait returns,
+    possibly while a new watch creates its own, so the count is kept under a lock and a stop
+    never waits for the watcher thread: it is told to end, and a start right after begins a new
+    one (both only deliver entries they claim under the lock, so nothing arrives twice).
+    """
 
     def __init__(
         self, path: Path, initial: tuple[Fault, ...], deliver: Callable[[Fault], None]
@@ -79,26 +86,34 @@ class FaultFeed:
         self._deliver = deliver
         self._lock = threading.Lock()
         self._stamp = self._file_stamp()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._users_lock = threading.Lock()
+        self._users = 0
+        self._stop = threading.Event()  # the running watcher's
 
     def start(self) -> None:
-        """Start watching (idempotent), first catching up with what changed while stopped."""
-        if self._thread is None:
-            for fault in self._new_faults():
-                if fault.lost is not None:
-                    self._deliver(fault)
-            self._stop.clear()
-            self._thread = threading.Thread(
-                target=self._watch, name=f"simulated-nvml-faults:{self._path.name}", daemon=True
-            )
-            self._thread.start()
+        """One more user; the first starts watching, catching up with what changed while
+        stopped."""
+        with self._users_lock:
+            self._users += 1
+            if self._users > 1:
+                return
+            stop = self._stop = threading.Event()
+        for fault in self._new_faults():
+            if fault.lost is not None:
+                self._deliver(fault)
+        threading.Thread(
+            target=self._watch,
+            args=(stop,),
+            name=f"simulated-nvml-faults:{self._path.name}",
+            daemon=True,
+        ).start()
 
     def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=2)
-            self._thread = None
+        """One user fewer; the last one's leaving ends the watcher within one step."""
+        with self._users_lock:
+            self._users = max(self._users - 1, 0)
+            if self._users == 0:
+                self._stop.set()
 
     def check(self) -> None:
         """Re-read the file if it changed since last time and deliver new entries."""
@@ -125,7 +140,7 @@ class FaultFeed:
             return None
         return (st.st_mtime_ns, st.st_size)
 
-    def _watch(self) -> None:
+    def _watch(self, stop: threading.Event) -> None:
         # The parent directory is watched, not the file: editors and ConfigMap updates replace
         # the file by renaming, which ends a watch held on the old inode.
         name = self._path.name
@@ -137,7 +152,7 @@ class FaultFeed:
                 # second, so 100 ms steps are plenty and keep an idle simulated node quiet.
                 debounce=200,
                 step=100,
-                stop_event=self._stop,
+                stop_event=stop,
                 recursive=False,
                 raise_interrupt=False,
             ):

@@ -17,6 +17,7 @@ from typing import Any
 import pynvml
 
 from sharing_plugin.gpus.catalog import MigModel, MigProfileSpec
+from sharing_plugin.nvml.api import ComputeInstanceHandle, DeviceHandle, GpuInstanceHandle
 from sharing_plugin.sim.nvml.state import (
     SimComputeInstance,
     SimGpu,
@@ -44,13 +45,12 @@ class MigCall:
 
 @dataclass(frozen=True, slots=True)
 class SimInstanceInfo:
-    """nvmlGpuInstanceGetInfo / nvmlComputeInstanceGetInfo (their structs hold handles)."""
+    """nvmlGpuInstanceGetInfo / nvmlComputeInstanceGetInfo (their structs hold handles, which
+    the plugin does not read)."""
 
-    device: Any
     id: int
     profileId: int
     placement: pynvml.c_nvmlGpuInstancePlacement_t
-    gpuInstance: Any = None
 
 
 def error_name(code: int) -> str:
@@ -81,19 +81,19 @@ class SimMigOps:
         gpu.check_alive()
         return gpu
 
-    def _gpu(self, handle: Any) -> SimGpu:
+    def _gpu(self, handle: object) -> SimGpu:
         self._check_init()
         if not isinstance(handle, SimGpu):
             raise nvml_error(pynvml.NVML_ERROR_INVALID_ARGUMENT)
         return self._alive(handle)
 
-    def _mig_gpu(self, handle: Any) -> tuple[SimGpu, MigModel]:
+    def _mig_gpu(self, handle: object) -> tuple[SimGpu, MigModel]:
         gpu = self._gpu(handle)
         if gpu.mig is None or not gpu.mig_current:
             raise nvml_error(pynvml.NVML_ERROR_NOT_SUPPORTED)
         return gpu, gpu.mig
 
-    def _gi(self, handle: Any) -> SimGpuInstance:
+    def _gi(self, handle: object) -> SimGpuInstance:
         self._check_init()
         if not isinstance(handle, SimGpuInstance) or handle not in handle.gpu.gpu_instances:
             raise nvml_error(pynvml.NVML_ERROR_INVALID_ARGUMENT)
@@ -108,13 +108,13 @@ class SimMigOps:
 
     # ---- MIG mode ----
 
-    def nvmlDeviceGetMigMode(self, handle: Any) -> list[int]:
+    def nvmlDeviceGetMigMode(self, handle: object) -> list[int]:
         gpu = self._gpu(handle)
         if gpu.mig is None:
             raise nvml_error(pynvml.NVML_ERROR_NOT_SUPPORTED)
         return [int(gpu.mig_current), int(gpu.mig_pending)]
 
-    def nvmlDeviceSetMigMode(self, handle: Any, mode: int) -> int:
+    def nvmlDeviceSetMigMode(self, handle: object, mode: int) -> int:
         gpu = self._gpu(handle)
         if gpu.mig is None:
             raise nvml_error(pynvml.NVML_ERROR_NOT_SUPPORTED)
@@ -135,24 +135,20 @@ class SimMigOps:
 
     # ---- MIG devices ----
 
-    def nvmlDeviceGetMaxMigDeviceCount(self, handle: Any) -> int:
+    def nvmlDeviceGetMaxMigDeviceCount(self, handle: object) -> int:
         gpu = self._gpu(handle)
         return gpu.mig.compute_slices if gpu.mig is not None else 0
 
-    def nvmlDeviceGetMigDeviceHandleByIndex(self, handle: Any, index: int) -> SimComputeInstance:
+    def nvmlDeviceGetMigDeviceHandleByIndex(self, handle: object, index: int) -> DeviceHandle:
         gpu, mig = self._mig_gpu(handle)
         if not 0 <= index < mig.compute_slices:
             raise nvml_error(pynvml.NVML_ERROR_INVALID_ARGUMENT)
         devices = gpu.mig_devices()
         if index >= len(devices):
             raise nvml_error(pynvml.NVML_ERROR_NOT_FOUND)
-        return devices[index]
+        return DeviceHandle(devices[index])
 
-    def nvmlDeviceIsMigDeviceHandle(self, handle: Any) -> int:
-        self._check_init()
-        return int(isinstance(handle, SimComputeInstance))
-
-    def _mig_device(self, handle: Any) -> SimComputeInstance:
+    def _mig_device(self, handle: object) -> SimComputeInstance:
         self._check_init()
         if isinstance(handle, SimGpu):
             raise nvml_error(pynvml.NVML_ERROR_NOT_SUPPORTED)
@@ -161,19 +157,16 @@ class SimMigOps:
         self._alive(handle.gpu_instance.gpu)
         return handle
 
-    def nvmlDeviceGetGpuInstanceId(self, handle: Any) -> int:
+    def nvmlDeviceGetGpuInstanceId(self, handle: object) -> int:
         return self._mig_device(handle).gpu_instance.id
 
-    def nvmlDeviceGetComputeInstanceId(self, handle: Any) -> int:
+    def nvmlDeviceGetComputeInstanceId(self, handle: object) -> int:
         return self._mig_device(handle).id
-
-    def nvmlDeviceGetDeviceHandleFromMigDeviceHandle(self, handle: Any) -> SimGpu:
-        return self._mig_device(handle).gpu_instance.gpu
 
     # ---- GPU-instance profiles and placements ----
 
     def nvmlDeviceGetGpuInstanceProfileInfo(
-        self, handle: Any, profile: int, version: int = 2
+        self, handle: object, profile: int
     ) -> pynvml.c_nvmlGpuInstanceProfileInfo_v2_t:
         gpu = self._gpu(handle)
         if not 0 <= profile < pynvml.NVML_GPU_INSTANCE_PROFILE_COUNT:
@@ -191,8 +184,6 @@ class SimMigOps:
         info.name = f"MIG {spec.name}".encode()
         return info
 
-    nvmlDeviceGetGpuInstanceProfileInfoV = nvmlDeviceGetGpuInstanceProfileInfo
-
     def _spec_by_info_id(self, gpu: SimGpu, profile_id: int) -> MigProfileSpec:
         spec = gpu.mig.profile_by_info_id(profile_id) if gpu.mig is not None else None
         if spec is None:
@@ -201,10 +192,10 @@ class SimMigOps:
 
     def nvmlDeviceGetGpuInstancePossiblePlacements(
         self,
-        handle: Any,
+        handle: object,
         profileId: int,
-        placementsRef: Any,
-        countRef: Any,
+        placementsRef: object,
+        countRef: object,
     ) -> int:
         # _v2 semantics: every placement of the profile, occupied or not.
         gpu = self._gpu(handle)
@@ -221,30 +212,20 @@ class SimMigOps:
         count.value = len(spec.starts)
         return int(pynvml.NVML_SUCCESS)
 
-    def nvmlDeviceGetGpuInstanceRemainingCapacity(self, handle: Any, profileId: int) -> int:
-        gpu, _ = self._mig_gpu(handle)
-        spec = self._spec_by_info_id(gpu, profileId)
-        taken = [(gi.spec, gi.start) for gi in gpu.gpu_instances]
-        free: list[tuple[MigProfileSpec, int]] = []
-        for start in spec.starts:  # greedily, as the driver counts what could still be created
-            if placement_problem(gpu, spec, start, existing=taken + free) is None:
-                free.append((spec, start))
-        return len(free)
-
     # ---- GPU instances ----
 
-    def nvmlDeviceCreateGpuInstance(self, handle: Any, profileId: int) -> SimGpuInstance:
-        return self._create_gi(handle, profileId, None)
+    def nvmlDeviceCreateGpuInstance(self, handle: object, profileId: int) -> GpuInstanceHandle:
+        return GpuInstanceHandle(self._create_gi(handle, profileId, None))
 
     def nvmlDeviceCreateGpuInstanceWithPlacement(
         self,
-        handle: Any,
+        handle: object,
         profileId: int,
-        placement: Any,
-    ) -> SimGpuInstance:
-        return self._create_gi(handle, profileId, _deref(placement))
+        placement: object,
+    ) -> GpuInstanceHandle:
+        return GpuInstanceHandle(self._create_gi(handle, profileId, _deref(placement)))
 
-    def _create_gi(self, handle: Any, profile_id: int, placement: Any) -> SimGpuInstance:
+    def _create_gi(self, handle: object, profile_id: int, placement: Any) -> SimGpuInstance:
         gpu, _ = self._mig_gpu(handle)
         spec = self._spec_by_info_id(gpu, profile_id)
         with self._mig_lock:
@@ -270,19 +251,19 @@ class SimMigOps:
             self._record("create_gpu_instance", gpu, spec, start, pynvml.NVML_SUCCESS)
             return gi
 
-    def nvmlDeviceGetGpuInstanceById(self, handle: Any, gpuInstanceId: int) -> SimGpuInstance:
+    def nvmlDeviceGetGpuInstanceById(self, handle: object, gpuInstanceId: int) -> GpuInstanceHandle:
         gpu, _ = self._mig_gpu(handle)
         found = next((gi for gi in gpu.gpu_instances if gi.id == gpuInstanceId), None)
         if found is None:
             raise nvml_error(pynvml.NVML_ERROR_NOT_FOUND)
-        return found
+        return GpuInstanceHandle(found)
 
-    def nvmlGpuInstanceGetInfo(self, gpuInstance: Any) -> SimInstanceInfo:
+    def nvmlGpuInstanceGetInfo(self, gpuInstance: object) -> SimInstanceInfo:
         gi = self._gi(gpuInstance)
         placement = pynvml.c_nvmlGpuInstancePlacement_t(gi.start, gi.spec.memory_slices)
-        return SimInstanceInfo(gi.gpu, gi.id, gi.spec.profile_info_id, placement)
+        return SimInstanceInfo(gi.id, gi.spec.profile_info_id, placement)
 
-    def nvmlGpuInstanceDestroy(self, gpuInstance: Any) -> int:
+    def nvmlGpuInstanceDestroy(self, gpuInstance: object) -> int:
         gi = self._gi(gpuInstance)
         with self._mig_lock:
             if gi.compute_instances:
@@ -298,10 +279,9 @@ class SimMigOps:
 
     def nvmlGpuInstanceGetComputeInstanceProfileInfo(
         self,
-        gpuInstance: Any,
+        gpuInstance: object,
         profile: int,
         engProfile: int,
-        version: int = 2,
     ) -> pynvml.c_nvmlComputeInstanceProfileInfo_v2_t:
         gi = self._gi(gpuInstance)
         slices = _CI_SLICES.get(profile)
@@ -320,9 +300,9 @@ class SimMigOps:
 
     def nvmlGpuInstanceCreateComputeInstance(
         self,
-        gpuInstance: Any,
+        gpuInstance: object,
         profileId: int,
-    ) -> SimComputeInstance:
+    ) -> ComputeInstanceHandle:
         gi = self._gi(gpuInstance)
         slices = _CI_SLICES.get(profileId)
         if slices is None or slices > gi.spec.compute_slices:
@@ -335,20 +315,20 @@ class SimMigOps:
                 raise nvml_error(code)
             ci = add_compute_instance(gi, profileId, slices)
             self._record("create_compute_instance", gi.gpu, gi.spec, gi.start, 0)
-            return ci
+            return ComputeInstanceHandle(ci)
 
     def nvmlGpuInstanceGetComputeInstanceById(
         self,
-        gpuInstance: Any,
+        gpuInstance: object,
         computeInstanceId: int,
-    ) -> SimComputeInstance:
+    ) -> ComputeInstanceHandle:
         gi = self._gi(gpuInstance)
         found = next((c for c in gi.compute_instances if c.id == computeInstanceId), None)
         if found is None:
             raise nvml_error(pynvml.NVML_ERROR_NOT_FOUND)
-        return found
+        return ComputeInstanceHandle(found)
 
-    def _ci(self, handle: Any) -> SimComputeInstance:
+    def _ci(self, handle: object) -> SimComputeInstance:
         self._check_init()
         if (
             not isinstance(handle, SimComputeInstance)
@@ -358,15 +338,12 @@ class SimMigOps:
         self._alive(handle.gpu_instance.gpu)
         return handle
 
-    def nvmlComputeInstanceGetInfo(self, computeInstance: Any) -> SimInstanceInfo:
+    def nvmlComputeInstanceGetInfo(self, computeInstance: object) -> SimInstanceInfo:
         ci = self._ci(computeInstance)
         placement = pynvml.c_nvmlGpuInstancePlacement_t(ci.start, ci.slices)
-        gi = ci.gpu_instance
-        return SimInstanceInfo(gi.gpu, ci.id, ci.profile_id, placement, gpuInstance=gi)
+        return SimInstanceInfo(ci.id, ci.profile_id, placement)
 
-    nvmlComputeInstanceGetInfo_v2 = nvmlComputeInstanceGetInfo
-
-    def nvmlComputeInstanceDestroy(self, computeInstance: Any) -> int:
+    def nvmlComputeInstanceDestroy(self, computeInstance: object) -> int:
         ci = self._ci(computeInstance)
         gi = ci.gpu_instance
         with self._mig_lock:
@@ -375,7 +352,7 @@ class SimMigOps:
         return int(pynvml.NVML_SUCCESS)
 
 
-def _deref(ref: Any) -> Any:
+def _deref(ref: object) -> Any:
     """The object behind a ctypes ``byref(...)``/``pointer(...)`` argument, or `ref` itself."""
     if hasattr(ref, "_obj"):
         return ref._obj

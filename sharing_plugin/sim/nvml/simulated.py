@@ -1,24 +1,26 @@
 """A simulated pynvml: the same functions, constants and errors, backed by a node description.
 
-The NVML adapter takes the pynvml module as a value; handing it a `SimulatedNvml` instead makes
-the production adapter code run against pretend GPUs, unchanged. Names the simulation does not
-implement resolve to pynvml's own constants, structures and exception classes, and any other
-``nvml*`` function raises NVML_ERROR_FUNCTION_NOT_FOUND, as a driver lacking that symbol does.
-Return values use pynvml's ctypes structures where they hold no handles; where NVML returns
-handles inside a structure, a plain object with the same field names is returned.
+The NVML adapter takes the pynvml module as a value (an `NvmlApi`); handing it a `SimulatedNvml`
+instead makes the production adapter code run against pretend GPUs, unchanged. It implements
+exactly that surface, with pynvml's own constant values, structures and exception class (mypy
+checks it wherever it is handed on as an `NvmlApi`), plus what tests and node files use to
+inject faults. Return values use pynvml's ctypes structures where they hold no handles; where
+NVML returns handles inside a structure, a plain object with the same field names is returned.
 """
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 import pynvml
 
 from sharing_plugin.errors import ConfigError, Problem
+from sharing_plugin.nvml.api import DeviceHandle, EventSetHandle
 from sharing_plugin.sim.nvml.faults import FaultFeed, SimEventData, SimEventSet
 from sharing_plugin.sim.nvml.mig import SimMigOps
 from sharing_plugin.sim.nvml.node import Fault, LoadedNode, load_node_file, load_preset
@@ -57,6 +59,24 @@ class SimMemory:
 class SimulatedNvml(SimMigOps):
     """A stand-in for the `pynvml` module, built from a node description."""
 
+    NVMLError: type[Exception] = pynvml.NVMLError
+    NVML_ERROR_FUNCTION_NOT_FOUND: int = pynvml.NVML_ERROR_FUNCTION_NOT_FOUND
+    NVML_ERROR_INVALID_ARGUMENT: int = pynvml.NVML_ERROR_INVALID_ARGUMENT
+    NVML_ERROR_NOT_FOUND: int = pynvml.NVML_ERROR_NOT_FOUND
+    NVML_ERROR_NOT_SUPPORTED: int = pynvml.NVML_ERROR_NOT_SUPPORTED
+    NVML_ERROR_TIMEOUT: int = pynvml.NVML_ERROR_TIMEOUT
+    NVML_DEVICE_MIG_DISABLE: int = pynvml.NVML_DEVICE_MIG_DISABLE
+    NVML_DEVICE_MIG_ENABLE: int = pynvml.NVML_DEVICE_MIG_ENABLE
+    NVML_GPU_INSTANCE_PROFILE_COUNT: int = pynvml.NVML_GPU_INSTANCE_PROFILE_COUNT
+    NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED: int = (
+        pynvml.NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED
+    )
+    NVML_NVLINK_MAX_LINKS: int = pynvml.NVML_NVLINK_MAX_LINKS
+    nvmlEventTypeXidCriticalError: int = pynvml.nvmlEventTypeXidCriticalError
+    nvmlEventTypeDoubleBitEccError: int = pynvml.nvmlEventTypeDoubleBitEccError
+    nvmlEventTypeSingleBitEccError: int = pynvml.nvmlEventTypeSingleBitEccError
+    c_nvmlGpuInstancePlacement_t: type[ctypes.Structure] = pynvml.c_nvmlGpuInstancePlacement_t
+
     def __init__(self, node: LoadedNode, *, mig_mode_needs_reset: bool = False) -> None:
         try:
             gpus, warnings = build_gpus(node)
@@ -64,9 +84,9 @@ class SimulatedNvml(SimMigOps):
             source = str(node.path) if node.path is not None else f"preset {node.identity}"
             raise ConfigError([Problem(path="gpus", message=str(exc), file=source)]) from exc
         super().__init__(gpus, mig_mode_needs_reset=mig_mode_needs_reset)
-        self.node = node
         self.warnings: tuple[str, ...] = tuple(warnings)
         self._lock = threading.Lock()
+        self._shut_down = threading.Condition(self._lock)
         self._event_sets: list[SimEventSet] = []
         self._driver_loaded = True
         for fault in node.description.faults:
@@ -85,12 +105,6 @@ class SimulatedNvml(SimMigOps):
     @classmethod
     def from_file(cls, path: Path) -> SimulatedNvml:
         return cls(load_node_file(path))
-
-    def __getattr__(self, name: str) -> Any:
-        value = getattr(pynvml, name)
-        if name.startswith("nvml") and callable(value):
-            return _not_simulated
-        return value
 
     # ---- faults: what tests and node files inject ----
 
@@ -126,6 +140,12 @@ class SimulatedNvml(SimMigOps):
     def set_lost(self, gpu: int | str, lost: bool = True) -> None:
         self.inject(Fault(gpu=gpu, lost=lost))
 
+    def wait_until_shut_down(self, timeout: float) -> bool:
+        """Wait until every nvmlInit has had its nvmlShutdown; False if `timeout` s passed
+        first. A closed event watch ends its session only when its current wait returns."""
+        with self._shut_down:
+            return self._shut_down.wait_for(lambda: self._init_count == 0, timeout)
+
     def _set_lost(self, fault: Fault) -> None:
         target = self._resolve_fault_target(fault.gpu)
         if target is None:
@@ -154,7 +174,7 @@ class SimulatedNvml(SimMigOps):
         *,
         event_type: int = int(pynvml.nvmlEventTypeXidCriticalError),
     ) -> None:
-        event = SimEventData(gpu, event_type, xid, gi_id, ci_id)
+        event = SimEventData(DeviceHandle(gpu), event_type, xid, gi_id, ci_id)
         with self._lock:
             sets = list(self._event_sets)
         for event_set in sets:
@@ -168,17 +188,13 @@ class SimulatedNvml(SimMigOps):
                 raise nvml_error(pynvml.NVML_ERROR_DRIVER_NOT_LOADED)
             self._init_count += 1
 
-    def nvmlInitWithFlags(self, flags: int) -> None:
-        self.nvmlInit()
-
     def nvmlShutdown(self) -> None:
         with self._lock:
             if self._init_count == 0:
                 raise nvml_error(pynvml.NVML_ERROR_UNINITIALIZED)
             self._init_count -= 1
-            last = self._init_count == 0
-        if last and self._feed is not None:
-            self._feed.stop()
+            if self._init_count == 0:
+                self._shut_down.notify_all()
 
     def nvmlSystemGetDriverVersion(self) -> str:
         self._check_init()
@@ -188,51 +204,46 @@ class SimulatedNvml(SimMigOps):
         self._check_init()
         return CUDA_DRIVER_VERSION
 
-    nvmlSystemGetCudaDriverVersion_v2 = nvmlSystemGetCudaDriverVersion
-
     # ---- devices ----
 
     def nvmlDeviceGetCount(self) -> int:
         self._check_init()
         return len(self.gpus)
 
-    def nvmlDeviceGetHandleByIndex(self, index: int) -> SimGpu:
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> DeviceHandle:
         self._check_init()
         if not 0 <= index < len(self.gpus):
             raise nvml_error(pynvml.NVML_ERROR_INVALID_ARGUMENT)
         gpu = self.gpus[index]
         gpu.check_alive()
-        return gpu
+        return DeviceHandle(gpu)
 
-    def nvmlDeviceGetHandleByUUID(self, uuid: str | bytes) -> SimGpu | SimComputeInstance:
+    def nvmlDeviceGetHandleByUUID(self, uuid: str | bytes) -> DeviceHandle:
         self._check_init()
         text = uuid.decode() if isinstance(uuid, bytes) else uuid
         for gpu in self.gpus:
             if gpu.uuid == text:
                 gpu.check_alive()
-                return gpu
+                return DeviceHandle(gpu)
             for ci in gpu.mig_devices():
                 if ci.uuid == text:
                     gpu.check_alive()
-                    return ci
+                    return DeviceHandle(ci)
         raise nvml_error(pynvml.NVML_ERROR_NOT_FOUND)
 
-    def nvmlDeviceGetIndex(self, handle: Any) -> int:
-        return self._gpu(handle).index
-
-    def nvmlDeviceGetName(self, handle: Any) -> str:
+    def nvmlDeviceGetName(self, handle: object) -> str:
         if isinstance(handle, SimComputeInstance):
             gpu = self._alive(handle.gpu_instance.gpu)
             return f"{gpu.product} MIG {handle.gpu_instance.spec.name}"
         return self._gpu(handle).product
 
-    def nvmlDeviceGetUUID(self, handle: Any) -> str:
+    def nvmlDeviceGetUUID(self, handle: object) -> str:
         if isinstance(handle, SimComputeInstance):
             self._alive(handle.gpu_instance.gpu)
             return handle.uuid
         return self._gpu(handle).uuid
 
-    def nvmlDeviceGetMemoryInfo(self, handle: Any, version: int | None = None) -> SimMemory:
+    def nvmlDeviceGetMemoryInfo(self, handle: object) -> SimMemory:
         if isinstance(handle, SimComputeInstance):
             self._alive(handle.gpu_instance.gpu)
             total = handle.gpu_instance.spec.memory_mib << 20
@@ -240,50 +251,52 @@ class SimulatedNvml(SimMigOps):
             total = self._gpu(handle).memory_mib << 20
         return SimMemory(total=total, free=total, used=0)
 
-    def nvmlDeviceGetMinorNumber(self, handle: Any) -> int:
+    def nvmlDeviceGetMinorNumber(self, handle: object) -> int:
         # MIG devices have no /dev/nvidiaN node of their own (they are reached through
         # /dev/nvidia-caps), so NVML reports no minor number for them.
         if isinstance(handle, SimComputeInstance):
             raise nvml_error(pynvml.NVML_ERROR_NOT_SUPPORTED)
         return self._gpu(handle).index
 
-    def nvmlDeviceGetPciInfo(self, handle: Any) -> pynvml.nvmlPciInfo_t:
+    def nvmlDeviceGetPciInfo(self, handle: object) -> pynvml.nvmlPciInfo_t:
         return _pci_info(self._gpu(handle).pci_bus_id)
 
-    nvmlDeviceGetPciInfo_v3 = nvmlDeviceGetPciInfo
-
-    def nvmlDeviceGetNumaNodeId(self, handle: Any) -> int:
+    def nvmlDeviceGetNumaNodeId(self, handle: object) -> int:
         gpu = self._gpu(handle)
         if gpu.numa_node is None:
             raise nvml_error(pynvml.NVML_ERROR_NOT_SUPPORTED)
         return gpu.numa_node
 
-    def nvmlDeviceGetCudaComputeCapability(self, handle: Any) -> tuple[int, int]:
+    def nvmlDeviceGetCudaComputeCapability(self, handle: object) -> tuple[int, int]:
         gpu = self._gpu(handle)
         return gpu.model.compute_capability if gpu.model is not None else (7, 0)
 
     # ---- NVLink and PCIe topology ----
 
-    def nvmlDeviceGetNvLinkState(self, handle: Any, link: int) -> int:
-        gpu = self._gpu(handle)
-        if not gpu.nvlink_peers:
-            raise nvml_error(pynvml.NVML_ERROR_NOT_SUPPORTED)
-        if not 0 <= link < len(gpu.nvlink_peers):
-            raise nvml_error(pynvml.NVML_ERROR_INVALID_ARGUMENT)
-        return int(gpu.nvlink_peers[link] is not None)
+    def nvmlDeviceGetNvLinkState(self, handle: object, link: int) -> int:
+        return int(self._nvlink_peer(handle, link) is not None)
 
-    def nvmlDeviceGetNvLinkRemotePciInfo(self, handle: Any, link: int) -> pynvml.nvmlPciInfo_t:
-        gpu = self._gpu(handle)
-        if not gpu.nvlink_peers:
-            raise nvml_error(pynvml.NVML_ERROR_NOT_SUPPORTED)
-        if not 0 <= link < len(gpu.nvlink_peers):
-            raise nvml_error(pynvml.NVML_ERROR_INVALID_ARGUMENT)
-        peer = gpu.nvlink_peers[link]
+    def nvmlDeviceGetNvLinkRemotePciInfo(self, handle: object, link: int) -> pynvml.nvmlPciInfo_t:
+        peer = self._nvlink_peer(handle, link)
         if peer is None:
             raise nvml_error(pynvml.NVML_ERROR_NOT_FOUND)
         return _pci_info(self.gpus[peer].pci_bus_id)
 
-    def nvmlDeviceGetTopologyCommonAncestor(self, device1: Any, device2: Any) -> int:
+    def nvmlDeviceGetNvLinkRemoteDeviceType(self, handle: object, link: int) -> int:
+        # Simulated NVLinks join GPUs directly; there are no NVSwitches.
+        if self._nvlink_peer(handle, link) is None:
+            raise nvml_error(pynvml.NVML_ERROR_NOT_FOUND)
+        return int(pynvml.NVML_NVLINK_DEVICE_TYPE_GPU)
+
+    def _nvlink_peer(self, handle: object, link: int) -> int | None:
+        gpu = self._gpu(handle)
+        if not gpu.nvlink_peers:
+            raise nvml_error(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        if not 0 <= link < len(gpu.nvlink_peers):
+            raise nvml_error(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        return gpu.nvlink_peers[link]
+
+    def nvmlDeviceGetTopologyCommonAncestor(self, device1: object, device2: object) -> int:
         a, b = self._gpu(device1), self._gpu(device2)
         if a is b:
             return int(pynvml.NVML_TOPOLOGY_INTERNAL)
@@ -293,20 +306,20 @@ class SimulatedNvml(SimMigOps):
 
     # ---- events ----
 
-    def nvmlDeviceGetSupportedEventTypes(self, handle: Any) -> int:
+    def nvmlDeviceGetSupportedEventTypes(self, handle: object) -> int:
         self._gpu(handle)
         return SUPPORTED_EVENT_TYPES
 
-    def nvmlEventSetCreate(self) -> SimEventSet:
+    def nvmlEventSetCreate(self) -> EventSetHandle:
         self._check_init()
         event_set = SimEventSet(self._feed.check if self._feed is not None else _nothing)
         with self._lock:
             self._event_sets.append(event_set)
         if self._feed is not None:
             self._feed.start()
-        return event_set
+        return EventSetHandle(event_set)
 
-    def nvmlDeviceRegisterEvents(self, handle: Any, eventTypes: int, eventSet: Any) -> None:
+    def nvmlDeviceRegisterEvents(self, handle: object, eventTypes: int, eventSet: object) -> None:
         if isinstance(handle, SimComputeInstance):
             raise nvml_error(pynvml.NVML_ERROR_NOT_SUPPORTED)  # events register on the GPU
         gpu = self._gpu(handle)
@@ -316,23 +329,21 @@ class SimulatedNvml(SimMigOps):
             raise nvml_error(pynvml.NVML_ERROR_NOT_SUPPORTED)  # as NVML does for such a mask
         eventSet.register(gpu.index, eventTypes)
 
-    def nvmlEventSetWait_v2(self, eventSet: Any, timeoutms: int) -> SimEventData:
+    def nvmlEventSetWait_v2(self, eventSet: object, timeoutms: int) -> SimEventData:
         self._check_init()
         if not isinstance(eventSet, SimEventSet) or eventSet.freed:
             raise nvml_error(pynvml.NVML_ERROR_INVALID_ARGUMENT)
         return eventSet.wait(timeoutms)
 
-    nvmlEventSetWait = nvmlEventSetWait_v2
-
-    def nvmlEventSetFree(self, eventSet: Any) -> None:
+    def nvmlEventSetFree(self, eventSet: object) -> None:
         if not isinstance(eventSet, SimEventSet):
             raise nvml_error(pynvml.NVML_ERROR_INVALID_ARGUMENT)
         eventSet.freed = True
         with self._lock:
-            if eventSet in self._event_sets:
+            registered = eventSet in self._event_sets
+            if registered:
                 self._event_sets.remove(eventSet)
-            idle = not self._event_sets
-        if idle and self._feed is not None:
+        if registered and self._feed is not None:
             self._feed.stop()
 
 
@@ -343,10 +354,6 @@ def _pci_info(bus_id: str) -> pynvml.nvmlPciInfo_t:
     info.busId = bus_id.encode()
     info.busIdLegacy = bus_id[4:].encode()
     return info
-
-
-def _not_simulated(*_args: Any, **_kwargs: Any) -> None:
-    raise nvml_error(pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)
 
 
 def _nothing() -> None:
