@@ -108,6 +108,7 @@ class FakeKubeApi:
         self._server: asyncio.Server | None = None
         self._handlers: set[asyncio.Task[None]] = set()
         self.watch_started = asyncio.Event()
+        self.request_seen = asyncio.Event()  # set at every request; clear it to wait again
 
     @property
     def url(self) -> str:
@@ -199,6 +200,7 @@ class FakeKubeApi:
         parts = urlsplit(target)
         query = {k: v[-1] for k, v in parse_qs(parts.query).items()}
         self.requests.append(Request(method, parts.path, query, headers))
+        self.request_seen.set()
         if self.token is not None and headers.get("authorization") != f"Bearer {self.token}":
             await _respond(writer, 401, _status(401, "Unauthorized", "bad token"))
         elif method != "GET":

@@ -114,7 +114,11 @@ async def test_api_errors_are_survived() -> None:
             await KubeClient(api.url, token="right").get_node("elsewhere")
         watcher = NodeLabelWatcher(NODE, client=client)
         async with following(watcher) as changes:
-            await asyncio.sleep(0.5)  # 401s, logged and retried, never raised
+            # 401s, logged and retried, never raised: the server sees the watcher come back.
+            async with asyncio.timeout(5):
+                while gets(api) < 3:  # the direct call above, then two of the watcher's
+                    api.request_seen.clear()
+                    await api.request_seen.wait()
             assert not changes.task.done()
             assert changes.queue.empty()
 
