@@ -6,6 +6,8 @@ for with every free device and an empty must-include list, only the IDs that are
 kept (an answer may be short, long or wrong), and the rest is filled from the free list. Then one
 Allocate call per container and resource, whose first container response is the one used; and
 PreStartContainer when the plugin asked for it. Pods are admitted one at a time, as kubelet does.
+A test can hold admission between the pick and the Allocate call (`allocate_gate`), where a
+reload may withdraw the devices just picked.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import grpc
 from sharing_plugin.errors import KubeletError
 from sharing_plugin.kubelet.api.deviceplugin.v1beta1 import api_pb2 as dp
 from sharing_plugin.sim.kubelet.endpoint import PluginEndpoint, ResourceDevices
+from sharing_plugin.sim.kubelet.gate import Gate
 from sharing_plugin.sim.kubelet.pods import ContainerAllocation, PodAllocation
 
 _T = TypeVar("_T")
@@ -41,10 +44,15 @@ class Admission:
     """Kubelet's podDevices: what each admitted pod holds, and how it got it."""
 
     def __init__(
-        self, resources: Mapping[str, ResourceDevices], *, on_change: Callable[[], None]
+        self,
+        resources: Mapping[str, ResourceDevices],
+        *,
+        on_change: Callable[[], None],
+        allocate_gate: Gate | None = None,
     ) -> None:
         self._resources = resources
         self._on_change = on_change
+        self._allocate_gate = allocate_gate
         self.pods: dict[tuple[str, str], PodAllocation] = {}
         self._lock = asyncio.Lock()
 
@@ -122,6 +130,8 @@ class Admission:
                 break
             if device_id not in chosen:
                 chosen.append(device_id)
+        if self._allocate_gate is not None:
+            await self._allocate_gate.passage()
         response = await _call(
             "Allocate",
             endpoint.stub.Allocate(

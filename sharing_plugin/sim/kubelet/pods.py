@@ -17,6 +17,7 @@ import grpc
 from sharing_plugin.kubelet.api.deviceplugin.v1beta1 import api_pb2 as dp
 from sharing_plugin.kubelet.api.podresources.v1 import api_pb2 as pr
 from sharing_plugin.kubelet.api.podresources.v1 import api_pb2_grpc as pr_grpc
+from sharing_plugin.sim.kubelet.gate import Gate
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,10 +89,12 @@ class PodResourcesServicer(pr_grpc.PodResourcesListerServicer):
         pods: Callable[[], Iterable[PodAllocation]],
         numa: Callable[[str], Mapping[str, tuple[int, ...]]],
         devices: Callable[[], Mapping[str, Iterable[str]]],
+        gate: Gate | None = None,
     ) -> None:
         self._pods = pods
         self._numa = numa
         self._devices = devices
+        self._gate = gate
 
     def _pod(self, pod: PodAllocation) -> pr.PodResources:
         containers = [
@@ -110,7 +113,12 @@ class PodResourcesServicer(pr_grpc.PodResourcesListerServicer):
     async def List(
         self, request: pr.ListPodResourcesRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> pr.ListPodResourcesResponse:
-        return pr.ListPodResourcesResponse(pod_resources=[self._pod(p) for p in self._pods()])
+        # The answer is taken now and may be held back before it is sent: it then tells the
+        # state of this moment, as a slow kubelet's answer does.
+        response = pr.ListPodResourcesResponse(pod_resources=[self._pod(p) for p in self._pods()])
+        if self._gate is not None:
+            await self._gate.passage()
+        return response
 
     async def GetAllocatableResources(
         self, request: pr.AllocatableResourcesRequest, context: grpc.aio.ServicerContext[Any, Any]
