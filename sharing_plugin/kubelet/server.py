@@ -28,7 +28,10 @@ import grpc
 
 from sharing_plugin.errors import KubeletError
 from sharing_plugin.kubelet import registration
-from sharing_plugin.kubelet.api.constants import DEVICE_PLUGINS_DIR
+from sharing_plugin.kubelet.api.constants import (
+    DEVICE_PLUGINS_DIR,
+    KUBELET_MAX_RECEIVE_MESSAGE_BYTES,
+)
 from sharing_plugin.kubelet.api.deviceplugin.v1beta1 import api_pb2 as dp
 from sharing_plugin.kubelet.api.deviceplugin.v1beta1 import api_pb2_grpc as dp_grpc
 from sharing_plugin.kubelet.recording import KubeletRecorder
@@ -45,9 +48,13 @@ __all__ = ["AllocateContext", "ResourceServer", "socket_name"]
 
 log = logging.getLogger(__name__)
 
-# A GetPreferredAllocation request lists every free device ID (7,168 IDs of ~45 bytes is about
-# 350 KiB); gRPC's default 4 MiB limit is close enough to a big node that we raise it.
-MAX_MESSAGE_BYTES = 16 * 1024 * 1024
+# The largest request kubelet sends is GetPreferredAllocation, listing every free device ID of
+# one resource (7,168 IDs of ~45 bytes is about 350 KiB). The plan refuses a resource of more
+# than 60,000 devices (what one ListAndWatch message within kubelet's 4 MiB receive limit
+# carries) and an ID is at most ~47 bytes (`MIG-<uuid>::<n>`), so no real request reaches 3 MiB.
+# Kubelet's own limit leaves room above that; anything larger is refused by gRPC before it is
+# parsed.
+MAX_MESSAGE_BYTES = KUBELET_MAX_RECEIVE_MESSAGE_BYTES
 SERVER_OPTIONS = (
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
