@@ -2,7 +2,7 @@
 
 An event set queues events for the GPUs registered on it and wakes a waiter at once, like
 ``nvmlEventSetWait``. Faults come from the node file's `faults` list: entries appended while a
-process runs are delivered once. The file is watched (inotify through watchfiles) while any
+process runs are delivered once. The file is watched (inotify, woken by the kernel only) while any
 event set exists, so an append wakes a waiter within milliseconds, and its size/mtime is also
 checked whenever a waiter starts waiting, which closes the gap before the watcher is ready;
 nothing polls on a timer. Entries appended while no event set existed (the watch is off) are
@@ -14,18 +14,46 @@ from __future__ import annotations
 
 import collections
 import logging
+import os
+import select
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import pynvml
-import watchfiles
+from asyncinotify import Inotify, Mask
 
 from sharing_plugin.nvml.api import DeviceHandle
 from sharing_plugin.sim.nvml.node import Fault, read_faults
 
 log = logging.getLogger(__name__)
+
+_CHANGED = Mask.CREATE | Mask.MOVED_TO | Mask.CLOSE_WRITE | Mask.MODIFY | Mask.ONLYDIR
+
+
+class _Stop:
+    """Tells one watcher thread to end: a pipe its select() wakes on, set from any thread."""
+
+    def __init__(self) -> None:
+        self._read, self._write = os.pipe()
+        self._lock = threading.Lock()
+        self._set = False
+
+    def fileno(self) -> int:
+        return self._read
+
+    def set(self) -> None:
+        with self._lock:
+            if not self._set:
+                self._set = True
+                os.write(self._write, b"x")
+                os.close(self._write)
+
+    def close(self) -> None:
+        """The watcher's end, when it leaves."""
+        self.set()
+        os.close(self._read)
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,7 +116,7 @@ class FaultFeed:
         self._stamp = self._file_stamp()
         self._users_lock = threading.Lock()
         self._users = 0
-        self._stop = threading.Event()  # the running watcher's
+        self._stop: _Stop | None = None  # the running watcher's
 
     def start(self) -> None:
         """One more user; the first starts watching, catching up with what changed while
@@ -97,7 +125,7 @@ class FaultFeed:
             self._users += 1
             if self._users > 1:
                 return
-            stop = self._stop = threading.Event()
+            stop = self._stop = _Stop()
         for fault in self._new_faults():
             if fault.lost is not None:
                 self._deliver(fault)
@@ -109,10 +137,10 @@ class FaultFeed:
         ).start()
 
     def stop(self) -> None:
-        """One user fewer; the last one's leaving ends the watcher within one step."""
+        """One user fewer; the last one's leaving wakes the watcher, which ends."""
         with self._users_lock:
             self._users = max(self._users - 1, 0)
-            if self._users == 0:
+            if self._users == 0 and self._stop is not None:
                 self._stop.set()
 
     def check(self) -> None:
@@ -140,22 +168,24 @@ class FaultFeed:
             return None
         return (st.st_mtime_ns, st.st_size)
 
-    def _watch(self, stop: threading.Event) -> None:
+    def _watch(self, stop: _Stop) -> None:
         # The parent directory is watched, not the file: editors and ConfigMap updates replace
-        # the file by renaming, which ends a watch held on the old inode.
+        # the file by renaming, which ends a watch held on the old inode. The thread sleeps in
+        # select() on the inotify descriptor and the stop pipe: no step, no timer.
         name = self._path.name
         try:
-            for _ in watchfiles.watch(
-                self._path.parent,
-                watch_filter=lambda _change, p: Path(p).name == name,
-                # watchfiles wakes once per step even when idle; a fault needs to land within a
-                # second, so 100 ms steps are plenty and keep an idle simulated node quiet.
-                debounce=200,
-                step=100,
-                stop_event=stop,
-                recursive=False,
-                raise_interrupt=False,
-            ):
-                self.check()
+            with Inotify(sync_timeout=0) as inotify:
+                inotify.add_watch(self._path.parent, _CHANGED)
+                while True:
+                    ready, _, _ = select.select([inotify.fd, stop.fileno()], [], [])
+                    if stop.fileno() in ready:
+                        return
+                    names = set()
+                    while (event := inotify.sync_get()) is not None:
+                        names.add(event.name)
+                    if Path(name) in names:
+                        self.check()
         except Exception:  # the feed must not die silently: waiters still check on each wait
             log.exception("simulated NVML: watching %s for faults failed", self._path)
+        finally:
+            stop.close()
