@@ -5,7 +5,8 @@ drops as draining (Unhealthy), diffs against what kubelet currently sees, and ca
 out: start and register new resources, push changed device lists on the live ListAndWatch
 streams, stop removed ones. Unchanged resources are not touched at all. While anything drains,
 PodResources is asked again every `drain_recheck_s` seconds so that a released device disappears;
-with nothing draining there is no periodic work.
+with nothing draining there is no periodic work. The first apply also removes the sockets a
+killed earlier run left behind.
 
 Every operation runs under one lock: a reload, a health change and a kubelet restart never
 interleave halfway.
@@ -21,7 +22,7 @@ from pathlib import Path
 from sharing_plugin.daemon.tasks import TaskOwner
 from sharing_plugin.errors import KubeletError
 from sharing_plugin.kubelet.podresources import PodResourcesClient
-from sharing_plugin.kubelet.server import AllocateContext, ResourceServer
+from sharing_plugin.kubelet.server import AllocateContext, ResourceServer, remove_stale_sockets
 from sharing_plugin.observability.metrics import Metrics
 from sharing_plugin.observability.status import StatusBoard
 from sharing_plugin.plan.diff import PlanDiff, diff, draining_ids, with_draining
@@ -56,6 +57,7 @@ class Supervisor:
         self._tasks = TaskOwner("supervisor")
         self._retries: dict[str, asyncio.Task[None]] = {}
         self._drain_task: asyncio.Task[None] | None = None
+        self._started = False
 
     @property
     def advertised(self) -> Plan | None:
@@ -81,6 +83,9 @@ class Supervisor:
 
     async def _apply(self, plan: Plan, context: AllocateContext) -> PlanDiff:
         self._requested = (plan, context)
+        if not self._started:
+            self._started = True
+            remove_stale_sockets(self._kubelet_dir)
         held = await self.held_devices()
         effective = with_draining(plan, self._advertised, held)
         change = diff(self._advertised, effective)

@@ -12,6 +12,8 @@ Lifecycle, in the order kubelet forces (DESIGN §3, §4):
 Socket names are unique per start (`sharing-<slug>-<random>.sock`): kubelet identifies a plugin
 by its endpoint, and a name reused across restarts could be mistaken for a stale one. The slug
 keeps only `[a-z0-9.-]` of the resource name, so nothing an admin types reaches a path unchecked.
+A plugin that was killed leaves its sockets behind, and only a kubelet restart cleans the
+directory; `remove_stale_sockets` deletes, at start, those of our names that nobody listens on.
 Start, register, restart and stop are serialised by one lock; a supervisor that must stop
 quickly cancels a pending register or restart before calling stop().
 """
@@ -20,8 +22,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import re
 import secrets
+import socket
+import stat
 from pathlib import Path
 
 import grpc
@@ -44,7 +49,7 @@ from sharing_plugin.kubelet.servicer import (
 )
 from sharing_plugin.plan import ResourcePlan
 
-__all__ = ["AllocateContext", "ResourceServer", "socket_name"]
+__all__ = ["AllocateContext", "ResourceServer", "remove_stale_sockets", "socket_name"]
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +70,7 @@ READY_TIMEOUT_S = 2.0
 # AF_UNIX sun_path holds 108 bytes including the terminating NUL.
 MAX_SOCKET_PATH_BYTES = 107
 _UNSAFE = re.compile(r"[^a-z0-9.-]+")
+_OUR_SOCKET = re.compile(r"sharing-(?:[a-z0-9.-]*-)?[0-9a-f]{8}\.sock")
 _EMPTY_LIST = dp.ListAndWatchResponse()
 
 
@@ -75,6 +81,51 @@ def socket_name(resource_name: str, *, max_length: int = 64) -> str:
     slug = slug[: max(0, max_length - fixed)].strip("-.")
     parts = ["sharing", slug, secrets.token_hex(4)] if slug else ["sharing", secrets.token_hex(4)]
     return "-".join(parts) + ".sock"
+
+
+def remove_stale_sockets(kubelet_dir: Path) -> list[Path]:
+    """Delete the sockets a killed plugin left in `<kubelet_dir>/device-plugins`; the removed.
+
+    Only files named like ours (`socket_name`) that are sockets and that nobody listens on: a
+    second instance starting while the first still serves keeps its socket, and kubelet.sock
+    and other plugins' sockets are never touched.
+    """
+    removed: list[Path] = []
+    try:
+        entries = list((Path(kubelet_dir) / DEVICE_PLUGINS_DIR).iterdir())
+    except OSError:
+        return removed  # no directory yet: nothing to clean
+    for path in entries:
+        if not _OUR_SOCKET.fullmatch(path.name):
+            continue
+        try:
+            if not stat.S_ISSOCK(os.lstat(path).st_mode) or _listened_on(path):
+                continue
+            path.unlink()
+        except OSError as exc:
+            log.warning("cannot remove stale socket %s: %s", path, exc)
+            continue
+        removed.append(path)
+    if removed:
+        log.info(
+            "removed %d stale socket(s) of an earlier run: %s",
+            len(removed),
+            ", ".join(p.name for p in removed),
+        )
+    return removed
+
+
+def _listened_on(path: Path) -> bool:
+    """Whether a process accepts connections on the unix socket `path` (never blocks)."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        probe.setblocking(False)
+        try:
+            probe.connect(str(path))
+        except (ConnectionRefusedError, FileNotFoundError):
+            return False
+        except OSError:
+            return True  # e.g. EAGAIN, a full backlog: someone listens; when unsure, keep it
+        return True
 
 
 class _Listener:
