@@ -32,3 +32,9 @@ demo: $(STAMP)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+
+# Every benchmark of bench/, each bounded (the whole run <= 5 min on 2 cores); rewrites the
+# results table in bench/README.md.
+.PHONY: bench
+bench: $(STAMP)
+	$(BIN)/python bench/run_all.py

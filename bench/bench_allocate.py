@@ -9,7 +9,7 @@ on another unix socket answers the same request bytes: the ratio of the two medi
 plugin itself adds (goal <= 1.5). Rounds of both alternate so drift affects both alike.
 
 Run from the repository root: `.venv/bin/python bench/bench_allocate.py` (`--quick` for a short
-run).
+run, `--json PATH` to also write the figures for `make bench`).
 """
 
 from __future__ import annotations
@@ -19,13 +19,13 @@ import asyncio
 import logging
 import random
 import shutil
-import statistics
 import tempfile
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import grpc
+from figures import FigureLog, add_json_option, p50_p99, us
 
 from sharing_plugin.backends import backend_from_spec
 from sharing_plugin.config.model import Config
@@ -59,11 +59,6 @@ RESOURCE = "nvidia.com/mig-1g.10gb"
 _ECHO_METHOD = "/bench.Echo/Echo"
 
 
-def _percentiles(samples: list[float]) -> tuple[float, float]:
-    samples = sorted(samples)
-    return statistics.median(samples), samples[min(len(samples) - 1, int(len(samples) * 0.99))]
-
-
 async def _echo_server(socket: Path) -> grpc.aio.Server:
     async def echo(request: bytes, context: grpc.aio.ServicerContext[bytes, bytes]) -> bytes:
         return request
@@ -85,7 +80,7 @@ async def _timed(call: Callable[[], Awaitable[object]], rounds: int, out: list[f
         out.append(time.perf_counter() - start)
 
 
-async def run(rounds: int, batch: int) -> None:
+async def run(rounds: int, batch: int, log: FigureLog) -> None:
     work = Path(tempfile.mkdtemp(prefix="b", dir="/tmp"))
     try:
         node_file = work / "node.yaml"
@@ -107,7 +102,7 @@ async def run(rounds: int, batch: int) -> None:
             registered_s = time.perf_counter() - started
             echo = await _echo_server(work / "echo.sock")
             try:
-                await _compare(server, work / "echo.sock", resource.ids, rounds, batch)
+                await _compare(server, work / "echo.sock", resource.ids, rounds, batch, log)
             finally:
                 await echo.stop(None)
                 await server.stop()
@@ -117,7 +112,12 @@ async def run(rounds: int, batch: int) -> None:
 
 
 async def _compare(
-    server: ResourceServer, echo_socket: Path, ids: tuple[str, ...], rounds: int, batch: int
+    server: ResourceServer,
+    echo_socket: Path,
+    ids: tuple[str, ...],
+    rounds: int,
+    batch: int,
+    log: FigureLog,
 ) -> None:
     rng = random.Random(7)
     results: dict[str, list[float]] = {"allocate-1": [], "allocate-8": [], "echo": []}
@@ -147,25 +147,37 @@ async def _compare(
             for name, call in calls.items():
                 await _timed(call, batch, results[name])
             done += batch
-    p50 = {}
+    p50, p99 = {}, {}
     for name, samples in results.items():
-        p50[name], p99 = _percentiles(samples)
+        p50[name], p99[name] = p50_p99(samples)
         print(
-            f"{name:11} n={len(samples):5}  p50 {p50[name] * 1e6:7.1f} us  p99 {p99 * 1e6:7.1f} us"
+            f"{name:11} n={len(samples):5}  p50 {p50[name] * 1e6:7.1f} us  "
+            f"p99 {p99[name] * 1e6:7.1f} us"
         )
     ratio = p50["allocate-1"] / p50["echo"]
     print(f"ratio Allocate(1 ID) p50 / echo p50 = {ratio:.2f} (goal <= 1.5)")
     print(f"ratio Allocate(8 IDs) p50 / echo p50 = {p50['allocate-8'] / p50['echo']:.2f}")
+    echo = f"bare grpc.aio echo: p50 {us(p50['echo'])}, p99 {us(p99['echo'])}"
+    for name, ids_text, goal in (("allocate-1", "1 ID", "<= 1.5"), ("allocate-8", "8 IDs", "")):
+        log.add(
+            f"Allocate round trip, {ids_text}, 7,168 devices: p50 / echo p50",
+            goal,
+            f"{p50[name] / p50['echo']:.2f} (p50 {us(p50[name])}, p99 {us(p99[name])}; "
+            f"n={len(results[name])})",
+            echo,
+        )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--quick", action="store_true", help="a few hundred rounds only")
+    parser.add_argument("--rounds", type=int, default=5000, help="calls of each kind")
+    add_json_option(parser)
     args = parser.parse_args()
-    rounds = 300 if args.quick else 5000
+    rounds = 300 if args.quick else args.rounds
     # The simulator logs, as kubelet would, that the stream ended when the plugin stops.
     logging.basicConfig(level=logging.ERROR)
-    asyncio.run(run(rounds, batch=100))
+    asyncio.run(run(rounds, batch=100, log=FigureLog(args.json)))
 
 
 if __name__ == "__main__":

@@ -1,7 +1,8 @@
 """Benchmark: plan() at 7,168 devices (8 GPUs x 7 MIG x 128 replicas) and allocate() of 8 IDs.
 
 Run from the repository root: `.venv/bin/python bench/bench_plan.py` (add `--quick` for a short
-run). Prints the median and p99 of each measurement; goals: plan < 50 ms, allocate < 100 us.
+run, `--json PATH` to also write the figures for `make bench`). Prints the median and p99 of
+each measurement; goals: plan < 50 ms, allocate < 100 us.
 """
 
 from __future__ import annotations
@@ -10,6 +11,8 @@ import argparse
 import statistics
 import time
 from collections.abc import Callable
+
+from figures import FigureLog, add_json_option
 
 from sharing_plugin.config.model import Config
 from sharing_plugin.gpus.inventory import (
@@ -81,7 +84,10 @@ def measure(fn: Callable[[], object], rounds: int) -> tuple[float, float]:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true", help="fewer rounds")
-    quick = parser.parse_args().quick
+    add_json_option(parser)
+    args = parser.parse_args()
+    quick = args.quick
+    log = FigureLog(args.json)
     inventory = dgx_1g()
     config = Config.model_validate(
         {
@@ -138,6 +144,11 @@ def main() -> None:
     for name, a, b, unit, goal in rows:
         goal_text = f"< {goal} {unit}" if goal else "-"
         print(f"{name:34} {a:>7.2f} {unit} {b:>7.2f} {unit}  {goal_text}")
+        log.add(
+            name,
+            f"p50 < {goal} {unit}" if goal else "",
+            f"p50 {a:,.2f} {unit}, p99 {b:,.2f} {unit}",
+        )
 
 
 if __name__ == "__main__":

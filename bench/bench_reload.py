@@ -7,12 +7,12 @@
    -> `NodeLabelWatcher` reports it -> `ConfigSource.trigger` -> the update with the newly
    selected config is yielded. Measured from the server-side change to the yield.
 
-Also prints the idle CPU of a ConfigSource that watches a directory with nothing changing
-(watchfiles' Rust thread wakes every `step` ms to check for changes and the stop event).
+Also prints the CPU used by this process while one ConfigSource watches a directory in which
+nothing changes (the watch waits on inotify through the event loop: it should be ~0).
 
 Run from the repository root: `.venv/bin/python bench/bench_reload.py` (`--quick` for a short
-run, `--step-ms N` to try another watchfiles step). Goals for the whole reload (this leg plus
-planning and the kubelet-visible leg): p50 <= 150 ms, p99 <= 400 ms.
+run, `--json PATH` to also write the figures for `make bench`). Goals for the whole reload
+(this leg plus planning and the kubelet-visible leg): p50 <= 150 ms, p99 <= 400 ms.
 """
 
 from __future__ import annotations
@@ -21,7 +21,6 @@ import argparse
 import asyncio
 import random
 import resource
-import statistics
 import sys
 import tempfile
 import time
@@ -29,6 +28,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "integration"))
 
+from figures import FigureLog, add_json_option, ms, p50_p99
 from k8s_fake import ConfigMapVolume, FakeKubeApi
 
 from sharing_plugin.sources.filewatch import ConfigSource, ConfigUpdate
@@ -52,13 +52,8 @@ def replicas(update: ConfigUpdate) -> int | None:
 
 
 def quantiles(samples: list[float]) -> str:
-    ordered = sorted(samples)
-    p50 = statistics.median(ordered)
-    p99 = ordered[min(len(ordered) - 1, round(0.99 * (len(ordered) - 1)))]
-    return (
-        f"n={len(ordered)} p50={p50 * 1000:.1f} ms p99={p99 * 1000:.1f} ms "
-        f"max={ordered[-1] * 1000:.1f} ms"
-    )
+    p50, p99 = p50_p99(samples)
+    return f"n={len(samples)} p50={ms(p50)} p99={ms(p99)} max={ms(max(samples))}"
 
 
 async def bench_swap(root: Path, rounds: int) -> list[float]:
@@ -152,16 +147,27 @@ async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="20 rounds each, 1 s idle")
     parser.add_argument("--rounds", type=int, default=100)
+    parser.add_argument("--idle-s", type=float, default=5.0)
+    add_json_option(parser)
     args = parser.parse_args()
     rounds = 20 if args.quick else args.rounds
+    log = FigureLog(args.json)
+    goal = "- (a leg of the reload below)"
     with tempfile.TemporaryDirectory(prefix="bench-reload-") as tmp:
         base = Path(tmp)
         swap = await bench_swap(base / "swap", rounds)
         print(f"configmap ..data swap -> update yielded: {quantiles(swap)}")
+        log.add("config-source leg: ConfigMap `..data` swap -> update yielded", goal, _value(swap))
         label = await bench_label(base / "label", rounds)
         print(f"node label change -> update yielded:     {quantiles(label)}")
-        cpu = await idle_cpu(base / "idle", 1.0 if args.quick else 5.0)
+        log.add("config-source leg: node label change -> update yielded", goal, _value(label))
+        cpu = await idle_cpu(base / "idle", 1.0 if args.quick else args.idle_s)
         print(f"idle CPU of a watching ConfigSource: {cpu:.2f}% of a core")
+
+
+def _value(samples: list[float]) -> str:
+    p50, p99 = p50_p99(samples)
+    return f"p50 {ms(p50)}, p99 {ms(p99)} (n={len(samples)})"
 
 
 if __name__ == "__main__":
