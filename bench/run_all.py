@@ -23,6 +23,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -84,7 +85,10 @@ def run_one(bench: Benchmark, timeout_s: float, work: Path) -> list[Figure]:
     print(f"\n== {' '.join([bench.script, *bench.args])} (limit {timeout_s:.0f} s)", flush=True)
     started = time.perf_counter()
     # Its own session: on a timeout the whole group goes, plugin processes it spawned included.
-    child = subprocess.Popen(command, cwd=ROOT, start_new_session=True)
+    child = subprocess.Popen(command, cwd=ROOT, start_new_session=True, stderr=subprocess.PIPE)
+    last_error: list[str] = []  # its last non-empty stderr line, for the table
+    relay = threading.Thread(target=_relay, args=(child, last_error), daemon=True)
+    relay.start()
     problem = None
     try:
         code = child.wait(timeout=timeout_s)
@@ -93,6 +97,9 @@ def run_one(bench: Benchmark, timeout_s: float, work: Path) -> list[Figure]:
     except subprocess.TimeoutExpired:
         _end_group(child)
         problem = f"timed out after {timeout_s:.0f} s"
+    relay.join(5.0)
+    if problem is not None and problem.startswith("failed") and last_error:
+        problem += f" ({last_error[-1][:160]})"
     figures = _read_figures(out)
     if problem is None and isinstance(figures, str):
         problem = figures
@@ -104,6 +111,17 @@ def run_one(bench: Benchmark, timeout_s: float, work: Path) -> list[Figure]:
         rest = " (the rows above are what it measured before)" if found else ""
         found.append(Figure(bench.script, "", f"{problem}; see the output of make bench{rest}"))
     return found
+
+
+def _relay(child: subprocess.Popen[bytes], last: list[str]) -> None:
+    """Copy the child's stderr to ours as it comes, keeping its last non-empty line."""
+    assert child.stderr is not None
+    for raw in child.stderr:
+        sys.stderr.buffer.write(raw)
+        sys.stderr.buffer.flush()
+        line = raw.decode("utf-8", "replace").strip()
+        if line:
+            last[:] = [line]
 
 
 def _end_group(child: subprocess.Popen[bytes]) -> None:
