@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import tomllib
@@ -121,7 +122,9 @@ def test_probes_and_port_use_the_metrics_address() -> None:
 def test_pod_is_node_critical_tolerates_gpu_taints_and_runs_locked_down() -> None:
     pod = the_daemonset()["spec"]["template"]["spec"]
     assert pod["priorityClassName"] == "system-node-critical"
-    assert pod["runtimeClassName"] == "nvidia"
+    # No RuntimeClass in the base, as in NVIDIA's chart: where none is named nvidia, a pod that
+    # asks for one is never started (components/runtime-class-nvidia adds it).
+    assert "runtimeClassName" not in pod
     tolerated = {(t["key"], t.get("effect")) for t in pod["tolerations"]}
     assert ("nvidia.com/gpu", "NoSchedule") in tolerated
     assert "CriticalAddonsOnly" in {key for key, _ in tolerated}
@@ -136,16 +139,14 @@ def test_pod_is_node_critical_tolerates_gpu_taints_and_runs_locked_down() -> Non
     assert not pod.get("hostPID", False)
 
 
-def test_service_account_and_node_read_access_exist() -> None:
+def test_service_account_may_get_and_watch_nodes_and_nothing_else() -> None:
     account = the_daemonset()["spec"]["template"]["spec"]["serviceAccountName"]
     (service_account,) = objects("ServiceAccount")
     assert service_account["metadata"]["name"] == account
     (role,) = objects("ClusterRole")
-    node_rules = [r for r in role["rules"] if "nodes" in r["resources"]]
-    assert node_rules and {"get", "list", "watch"} <= set(node_rules[0]["verbs"])
-    assert not any(
-        {"create", "update", "patch", "delete", "*"} & set(r["verbs"]) for r in role["rules"]
-    )
+    # Exactly what the node label follower does: GET its Node, then WATCH it by field selector.
+    # It never lists nodes, so `list` would only widen what a stolen token can read.
+    assert role["rules"] == [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "watch"]}]
     (binding,) = objects("ClusterRoleBinding")
     assert binding["roleRef"]["name"] == role["metadata"]["name"]
     assert {"kind": "ServiceAccount", "name": account, "namespace": "kube-system"} in binding[
@@ -165,16 +166,124 @@ def test_kustomization_lists_every_manifest() -> None:
     assert image in {i["name"] for i in kustomization["images"]}
 
 
-@pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl not installed")
-def test_kustomize_builds() -> None:
-    if not (DEPLOY / "configmap.yaml").exists():
-        pytest.skip("deploy/configmap.yaml not written yet")
+needs_kubectl = pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl not installed")
+COMPONENTS = DEPLOY / "components"
+
+
+def kustomize(root: Path) -> list[dict[str, Any]]:
     out = subprocess.run(
-        ["kubectl", "kustomize", str(DEPLOY)], capture_output=True, text=True, timeout=30
+        ["kubectl", "kustomize", str(root)], capture_output=True, text=True, timeout=60
     )
     assert out.returncode == 0, out.stderr
-    kinds = [doc["kind"] for doc in yaml.safe_load_all(out.stdout)]
+    return [doc for doc in yaml.safe_load_all(out.stdout) if doc is not None]
+
+
+def with_components(tmp_path: Path, *names: str) -> list[dict[str, Any]]:
+    """The base rendered through an overlay that uses `names` from deploy/components/, the way
+    an admin's overlay does: outside deploy/ (kustomize refuses an overlay inside its base)."""
+    overlay = tmp_path / "overlay"
+    overlay.mkdir()
+
+    def rel(path: Path) -> str:
+        return os.path.relpath(path, overlay)
+
+    (overlay / "kustomization.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "kustomize.config.k8s.io/v1beta1",
+                "kind": "Kustomization",
+                "resources": [rel(DEPLOY)],
+                "components": [rel(COMPONENTS / name) for name in names],
+            }
+        )
+    )
+    return kustomize(overlay)
+
+
+def rendered_pod(docs: list[dict[str, Any]]) -> dict[str, Any]:
+    (daemonset,) = [d for d in docs if d["kind"] == "DaemonSet"]
+    pod: dict[str, Any] = daemonset["spec"]["template"]["spec"]
+    return pod
+
+
+def kubelet_paths(pod: dict[str, Any]) -> dict[str, str]:
+    """KUBELET_DIR and every hostPath and mountPath that must follow it."""
+    (container,) = pod["containers"]
+    found = {"env": next(e["value"] for e in container["env"] if e["name"] == "KUBELET_DIR")}
+    for volume in pod["volumes"]:
+        if volume["name"] in ("device-plugins", "pod-resources"):
+            found[f"host {volume['name']}"] = volume["hostPath"]["path"]
+    for mount in container["volumeMounts"]:
+        if mount["name"] in ("device-plugins", "pod-resources"):
+            found[f"mount {mount['name']}"] = mount["mountPath"]
+    return found
+
+
+@needs_kubectl
+def test_kustomize_builds() -> None:
+    docs = kustomize(DEPLOY)
+    kinds = [doc["kind"] for doc in docs]
     assert {"DaemonSet", "ConfigMap", "ServiceAccount", "ClusterRoleBinding"} <= set(kinds)
+    assert "runtimeClassName" not in rendered_pod(docs)
+
+
+def test_the_components_are_the_documented_ones() -> None:
+    on_disk = {p.name for p in COMPONENTS.iterdir() if p.is_dir()}
+    assert on_disk == {"runtime-class-nvidia", "kubelet-dir-k0s", "image"}
+    for name in on_disk:
+        assert (
+            yaml.safe_load((COMPONENTS / name / "kustomization.yaml").read_text())["kind"]
+            == "Component"
+        )
+    # the base's comment lists every component an admin can pick
+    documented = (DEPLOY / "kustomization.yaml").read_text()
+    assert all(f"components/{name}" in documented for name in on_disk)
+
+
+@needs_kubectl
+def test_runtime_class_component(tmp_path: Path) -> None:
+    assert rendered_pod(with_components(tmp_path, "runtime-class-nvidia"))["runtimeClassName"] == (
+        "nvidia"
+    )
+
+
+@needs_kubectl
+def test_kubelet_dir_component_moves_the_env_and_every_path(tmp_path: Path) -> None:
+    base = kubelet_paths(rendered_pod(kustomize(DEPLOY)))
+    assert base == {
+        "env": "/var/lib/kubelet",
+        "host device-plugins": "/var/lib/kubelet/device-plugins",
+        "host pod-resources": "/var/lib/kubelet/pod-resources",
+        "mount device-plugins": "/var/lib/kubelet/device-plugins",
+        "mount pod-resources": "/var/lib/kubelet/pod-resources",
+    }
+    docs = with_components(tmp_path, "kubelet-dir-k0s")
+    moved = kubelet_paths(rendered_pod(docs))
+    assert moved == {
+        key: value.replace("/var/lib/", "/var/lib/k0s/") for key, value in base.items()
+    }
+    assert "/var/lib/kubelet" not in yaml.safe_dump(docs)
+
+
+@needs_kubectl
+def test_image_component(tmp_path: Path) -> None:
+    (container,) = rendered_pod(with_components(tmp_path, "image"))["containers"]
+    assert container["image"] == "registry.example.com/gpu-sharing-plugin:0.1.0"
+
+
+@needs_kubectl
+def test_components_combine(tmp_path: Path) -> None:
+    docs = with_components(tmp_path, "runtime-class-nvidia", "kubelet-dir-k0s", "image")
+    pod = rendered_pod(docs)
+    assert pod["runtimeClassName"] == "nvidia"
+    assert set(kubelet_paths(pod).values()) == {
+        "/var/lib/k0s/kubelet",
+        "/var/lib/k0s/kubelet/device-plugins",
+        "/var/lib/k0s/kubelet/pod-resources",
+    }
+    assert pod["containers"][0]["image"].startswith("registry.example.com/")
+    # everything else is the base's: the same objects, the same namespace
+    assert sorted(d["kind"] for d in docs) == sorted(d["kind"] for d in kustomize(DEPLOY))
 
 
 def test_dockerfile_runs_the_daemon_on_the_metrics_port() -> None:
