@@ -16,6 +16,7 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 from yaml.nodes import MappingNode
 
+from sharing_plugin.config.compat import RefusedNull
 from sharing_plugin.config.model import MAX_DEVICES_PER_RESOURCE, Config
 from sharing_plugin.config.rules import RULE_ERROR, Issue, format_loc
 from sharing_plugin.config.yamldoc import Document, Mark
@@ -110,6 +111,8 @@ def _message(error: Any, loc: Loc) -> str:
     kind = error["type"]
     ctx = error.get("ctx") or {}
     value = error.get("input")
+    if isinstance(value, RefusedNull):
+        return value.message
     if kind == "extra_forbidden":
         return unknown_field_message(loc)
     if kind == "missing":
@@ -153,7 +156,8 @@ def _errors(exc: ValidationError) -> Iterator[tuple[Loc, str, bool]]:
                 assert isinstance(issue, Issue)
                 yield (*loc, *issue.loc), issue.message, False
             continue
-        on_key = error["type"] in ("extra_forbidden",)
+        # An empty key has no value to point at: its key is where the reader looks.
+        on_key = error["type"] == "extra_forbidden" or isinstance(error.get("input"), RefusedNull)
         if error["type"] == "device_selection" and ctx.get("index") is not None:
             loc = (*loc, ctx["index"])
         if loc and loc[-1] == "[key]":

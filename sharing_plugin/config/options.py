@@ -28,6 +28,7 @@ from sharing_plugin.config.compat import (
     DeviceListStrategies,
     DiscoveryStrategy,
     GoDuration,
+    ImexChannelIds,
 )
 
 __all__ = ["Flags", "GfdFlags", "Health", "Imex", "PluginFlags"]
@@ -158,5 +159,5 @@ class Health(Strict):
 class Imex(Strict):
     """IMEX channels (reference plugin); accepted for compatibility, no effect here."""
 
-    channel_ids: tuple[StrictInt, ...] = Field((), alias="channelIDs")
+    channel_ids: ImexChannelIds = Field((), alias="channelIDs")
     required: StrictBool = False

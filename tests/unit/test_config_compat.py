@@ -12,7 +12,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sharing_plugin.config import Config, dump_config, parse_config
+from sharing_plugin.config.compat import GO_MAX_DURATION
 from sharing_plugin.config.model import DEFAULT_IGNORED_XIDS, DeviceDiscoveryStrategy, EventType
+from sharing_plugin.config.rules import config_notes
 from sharing_plugin.daemon.health_monitor import HealthEnv
 from sharing_plugin.errors import ConfigError
 
@@ -213,12 +215,50 @@ CASES: dict[str, Valid | Invalid] = {
         "flags.gfd.sleepInterval",
         "'60 seconds' is not a duration: write it like 60s, 5m or 1h30m",
     ),
+    # The reference's Duration reads exactly `infinite` as math.MaxInt64 (IsInfinite).
+    "sleepInterval infinite": Valid(
+        "flags:\n  gfd:\n    sleepInterval: infinite\n",
+        lambda c: c.flags.gfd is not None and c.flags.gfd.sleep_interval == GO_MAX_DURATION,
+        ("flags.gfd",),
+    ),
+    "sleepInterval Infinite is not infinite": Invalid(
+        "flags:\n  gfd:\n    sleepInterval: Infinite\n",
+        "3:20",
+        "flags.gfd.sleepInterval",
+        "'Infinite' is not a duration: write it like 60s, 5m or 1h30m, or infinite",
+    ),
     "deviceListStrategy string": Valid(
         "flags:\n  plugin:\n    deviceListStrategy: volume-mounts\n",
         lambda c: [str(s) for s in c.flags.plugin.device_list_strategy] == ["volume-mounts"],
     ),
     "imex channelIDs not ints": Invalid(
         "imex:\n  channelIDs: [zero]\n", "2:16", "imex.channelIDs[0]", "must be an integer"
+    ),
+    # The reference starts only with [] or [0] (AssertChannelIDsValid, checked in validateFlags).
+    "imex channelIDs empty": Valid(
+        "imex:\n  channelIDs: []\n",
+        lambda c: c.imex is not None and c.imex.channel_ids == (),
+        ("imex",),
+    ),
+    "imex channelIDs [0]": Valid(
+        "imex: {channelIDs: [0], required: true}\n",
+        lambda c: c.imex is not None and c.imex.channel_ids == (0,),
+        ("imex",),
+    ),
+    "imex channelIDs [2]": Invalid(
+        "imex:\n  channelIDs: [2]\n",
+        "2:15",
+        "imex.channelIDs",
+        "must be [] or [0] (got [2]): the reference plugin refuses any other channel IDs at start",
+    ),
+    "imex channelIDs [0, 1]": Invalid(
+        "imex:\n  required: true\n  channelIDs: [0, 1]\n",
+        "3:15",
+        "imex.channelIDs",
+        "must be [] or [0] (got [0, 1])",
+    ),
+    "imex channelIDs [0, 0]": Invalid(
+        "imex:\n  channelIDs:\n  - 0\n  - 0\n", "3:3", "imex.channelIDs", "(got [0, 0])"
     ),
 }
 
@@ -344,3 +384,89 @@ def test_event_types_reach_the_monitor_as_the_reference_registers_them() -> None
         "double-bit-ecc",
         "single-bit-ecc",
     }
+
+
+def test_an_infinite_sleep_interval_is_written_back_as_infinite() -> None:
+    # As the reference's Duration.MarshalJSON: the longest duration is `infinite`, never a number.
+    for text in ("sleepInterval: infinite", f"sleepInterval: {GO_MAX_DURATION}"):
+        loaded = parse_config(f"flags:\n  gfd:\n    {text}\n", file="c.yaml")
+        assert dump_config(loaded.config)["flags"]["gfd"] == {"sleepInterval": "infinite"}
+    loaded = parse_config("flags: {gfd: {sleepInterval: 60s}}\n", file="c.yaml")
+    assert dump_config(loaded.config)["flags"]["gfd"] == {"sleepInterval": "60s"}
+
+
+def shared(entry: str, *, rename_by_default: bool = False, section: str = "timeSlicing") -> str:
+    flag = "    renameByDefault: true\n" if rename_by_default else ""
+    return f"sharing:\n  {section}:\n{flag}    resources:\n    - {entry}\n"
+
+
+# What the reference's binary resets at start (DisableResourceNamingInConfig, with a warning)
+# while this plugin honours it: each config -> the notes it gets (a prefix of each, in order).
+NOTES: dict[str, tuple[str, list[str]]] = {
+    "plain sharing": (shared("{name: gpu, replicas: 2}"), []),
+    "renameByDefault alone": (shared("{name: gpu, replicas: 2}", rename_by_default=True), []),
+    "renameByDefault and its own rename": (
+        shared("{name: gpu, rename: gpu.shared, replicas: 2}", rename_by_default=True),
+        [],
+    ),
+    "rename to itself": (shared("{name: gpu, rename: gpu, replicas: 2}"), []),
+    "explicit rename": (
+        shared("{name: gpu, rename: gpu.ts, replicas: 2}"),
+        [
+            "sharing.timeSlicing.resources[0].rename: honoured here; NVIDIA's device plugin "
+            "ignores it and advertises nvidia.com/gpu, not nvidia.com/gpu.ts"
+        ],
+    ),
+    "explicit rename under renameByDefault": (
+        shared("{name: gpu, rename: gpu.ts, replicas: 2}", rename_by_default=True, section="mps"),
+        [
+            "sharing.mps.resources[0].rename: honoured here; NVIDIA's device plugin ignores it and "
+            "advertises nvidia.com/gpu.shared, not nvidia.com/gpu.ts"
+        ],
+    ),
+    "devices all": (shared("{name: gpu, devices: all, replicas: 2}"), []),
+    "devices count": (
+        shared("{name: gpu, devices: 2, replicas: 2}"),
+        [
+            "sharing.timeSlicing.resources[0].devices: honoured here; NVIDIA's device plugin "
+            "ignores it and shares every nvidia.com/gpu device, not only the selected ones"
+        ],
+    ),
+    "devices list": (
+        shared("{name: gpu, devices: [0], replicas: 2}"),
+        ["sharing.timeSlicing.resources[0].devices: honoured here"],
+    ),
+    "resources gpus": (
+        "resources:\n  gpus: [{pattern: '*A100*', name: a100}, {pattern: '*', name: a100}]\n",
+        [
+            "resources.gpus: honoured here; NVIDIA's device plugin ignores it and advertises "
+            "every full GPU as nvidia.com/gpu, not nvidia.com/a100"
+        ],
+    ),
+    "resources mig": (
+        "resources:\n  mig: [{pattern: '1g.*', name: small}]\n",
+        [
+            "resources.mig: honoured here; NVIDIA's device plugin ignores it and advertises MIG "
+            "devices as migStrategy names them"
+        ],
+    ),
+}
+
+
+@pytest.mark.parametrize("name", list(NOTES))
+def test_what_the_reference_binary_would_ignore_is_noted(name: str) -> None:
+    text, expected = NOTES[name]
+    notes = config_notes(parse_config(text, file="c.yaml").config)
+    assert len(notes) == len(expected), notes
+    for note, prefix in zip(notes, expected, strict=True):
+        assert note.startswith(prefix), note
+        assert "\n" not in note
+
+
+def test_notes_are_not_warnings() -> None:
+    # Honoured keys are what this plugin is for: they say where it differs, not that it is wrong.
+    loaded = parse_config(
+        shared("{name: gpu, rename: gpu.ts, devices: [0], replicas: 2}"), file="c"
+    )
+    assert loaded.warnings == ()
+    assert len(config_notes(loaded.config)) == 2
