@@ -1,9 +1,13 @@
-"""Rules that span several fields, and the warnings a valid config still deserves.
+"""Rules that span several fields, and the warnings and notes a valid config still deserves.
 
 Pydantic checks one field at a time; these rules compare entries with each other (overlapping
 device selections, rename collisions) or sections with each other (MPS with mixed MIG). Each rule
 yields an `Issue` with the path it is about, relative to the section that checks it, so that the
 loader can point at the exact line. All issues of a section are raised together.
+
+Warnings say a valid config is probably not what the admin meant; notes say where it means more
+here than in the reference plugin, whose binary ignores explicit renames, device selections and
+the `resources` section. Both are `path: message` lines, so that they can be located like errors.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic_core import PydanticCustomError
 
+from sharing_plugin.config.base import DeviceListStrategy
 from sharing_plugin.config.devices import overlap
 
 if TYPE_CHECKING:
@@ -21,6 +26,7 @@ if TYPE_CHECKING:
         Config,
         Health,
         Partitioning,
+        PluginFlags,
         ReplicatedResource,
         Sharing,
     )
@@ -29,6 +35,17 @@ Loc = tuple[str | int, ...]
 RULE_ERROR = "config_rule"
 COMPAT = "accepted for compatibility; has no effect here"
 XID_EVENTS = "EventTypeXidCriticalError"
+REFERENCE_IGNORES = "honoured here; NVIDIA's device plugin ignores it"
+# Each of these carries the whole device list by itself: with volume-mounts every Allocate answer
+# sets NVIDIA_VISIBLE_DEVICES to the same mount directory and kubelet keeps every mount; with CDI
+# kubelet keeps every device name and annotation.
+_MERGEABLE_LISTS = frozenset(
+    {
+        DeviceListStrategy.VOLUME_MOUNTS,
+        DeviceListStrategy.CDI_ANNOTATIONS,
+        DeviceListStrategy.CDI_CRI,
+    }
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -219,6 +236,97 @@ def config_issues(config: Config) -> Iterator[Issue]:
                 )
 
 
+def declared_resources(config: Config) -> list[str]:
+    """The resource names the config itself advertises, whatever the node (in first-seen order).
+
+    Sharing entries advertise their name (or rename); `resources` patterns advertise theirs
+    unless a sharing entry takes the name over. Names that depend on the node are not here: GPUs
+    no pattern matches (nvidia.com/gpu), MIG profiles under migStrategy mixed, the devices a
+    selection leaves unshared.
+    """
+    names: dict[str, None] = {}
+    active = config.sharing.active
+    shared: set[str] = set()
+    if active is not None:
+        for entry in active.resources:
+            names[advertised_name(entry, active)] = None
+            shared.add(entry.name)
+    for pattern in (*config.resources.gpus, *config.resources.mig):
+        if pattern.name not in shared:
+            names[pattern.name] = None
+    return list(names)
+
+
+def _envvar_carries_the_list(plugin: PluginFlags) -> bool:
+    strategies = set(plugin.device_list_strategy)
+    return DeviceListStrategy.ENVVAR in strategies and not strategies & _MERGEABLE_LISTS
+
+
+def envvar_trap(plugin: PluginFlags, resources: list[str]) -> str | None:
+    """The warning for two or more resources whose device lists travel only in one env var.
+
+    kubelet merges the Allocate answers of a container's resources by env var name, so a
+    container that requests two of them keeps one NVIDIA_VISIBLE_DEVICES: the GPUs of only one.
+    """
+    if len(resources) < 2 or not _envvar_carries_the_list(plugin):
+        return None
+    return (
+        f"flags.plugin.deviceListStrategy: envvar with {len(resources)} resources "
+        f"({', '.join(resources)}): a container that requests two of them sees the GPUs of only "
+        "one, because kubelet keeps one NVIDIA_VISIBLE_DEVICES per container; use "
+        "deviceListStrategy volume-mounts, cdi-annotations or cdi-cri, or request one of these "
+        "resources per container"
+    )
+
+
+def plan_envvar_trap(config: Config, advertised: list[str]) -> str | None:
+    """The envvar warning for what a node advertises, unless the config's own warning said it."""
+    if envvar_trap(config.flags.plugin, declared_resources(config)) is not None:
+        return None
+    return envvar_trap(config.flags.plugin, advertised)
+
+
+def config_notes(config: Config) -> list[str]:
+    """What this config does here that NVIDIA's device plugin binary would not do.
+
+    The reference reads these keys but its binary resets them at start with a warning
+    (`DisableResourceNamingInConfig`): an explicit rename (one other than `<name>.shared` under
+    renameByDefault), a device selection other than all, and the whole `resources` section.
+    """
+    notes: list[str] = []
+    for kind, theirs in (
+        ("gpus", "every full GPU as nvidia.com/gpu"),
+        (
+            "mig",
+            "MIG devices as migStrategy names them (nvidia.com/gpu or nvidia.com/mig-<profile>)",
+        ),
+    ):
+        patterns = getattr(config.resources, kind)
+        if patterns:
+            names = ", ".join(dict.fromkeys(p.name for p in patterns))
+            notes.append(
+                f"resources.{kind}: {REFERENCE_IGNORES} and advertises {theirs}, not {names}"
+            )
+    sharing = config.sharing
+    for section, block in (("timeSlicing", sharing.time_slicing), ("mps", sharing.mps)):
+        if block is None:
+            continue
+        for j, entry in enumerate(block.resources):
+            where = f"sharing.{section}.resources[{j}]"
+            theirs = f"{entry.name}.shared" if block.rename_by_default else entry.name
+            if entry.rename is not None and entry.rename != theirs:
+                notes.append(
+                    f"{where}.rename: {REFERENCE_IGNORES} and advertises {theirs}, "
+                    f"not {entry.rename}"
+                )
+            if entry.devices != "all":
+                notes.append(
+                    f"{where}.devices: {REFERENCE_IGNORES} and shares every {entry.name} "
+                    "device, not only the selected ones"
+                )
+    return notes
+
+
 def config_warnings(config: Config) -> list[str]:
     """Things that are valid but probably not what the admin meant, or have no effect here."""
     warnings: list[str] = []
@@ -260,4 +368,7 @@ def config_warnings(config: Config) -> list[str]:
             "partitioning.mig: MIG layouts are declared but flags.migStrategy is none, "
             "so the MIG devices will not be advertised; set migStrategy: single or mixed"
         )
+    trap = envvar_trap(flags.plugin, declared_resources(config))
+    if trap is not None:
+        warnings.append(trap)
     return warnings

@@ -17,6 +17,7 @@ from sharing_plugin.config.model import (
     ResourcePattern,
 )
 from sharing_plugin.config.names import glob_matches
+from sharing_plugin.config.rules import plan_envvar_trap
 from sharing_plugin.errors import PlanError, Problem
 from sharing_plugin.gpus.inventory import Gpu, Inventory, MigDevice
 from sharing_plugin.plan.model import DeviceId, Plan, ResourcePlan, VirtualDevice
@@ -185,10 +186,11 @@ def plan(config: Config, inventory: Inventory, *, health: Mapping[str, bool] | N
     problems.extend(_size_problems(shared.resources, shared.sources))
     if problems:
         raise PlanError(problems)
-    result = Plan(
-        resources=tuple(sorted(shared.resources, key=lambda r: r.name)),
-        warnings=tuple(warnings),
-    )
+    resources = tuple(sorted(shared.resources, key=lambda r: r.name))
+    trap = plan_envvar_trap(config, [r.name for r in resources if r.devices])
+    if trap is not None:
+        warnings.append(trap)
+    result = Plan(resources=resources, warnings=tuple(warnings))
     if health and config.health.enabled and not all(health.values()):
         result = result.with_health(health)
     return result

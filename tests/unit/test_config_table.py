@@ -223,6 +223,35 @@ CASES: dict[str, Valid | Invalid] = {
         "imex:\n  channelIDs: [0]\n", warning="imex: accepted for compatibility"
     ),
     "version v2": Invalid("version: v2\n", "1:10", "version", "supported versions: v1"),
+    # --- the envvar trap: kubelet keeps one NVIDIA_VISIBLE_DEVICES per container ------------
+    "envvar with two named resources warns": Valid(
+        "sharing:\n  timeSlicing:\n    resources:\n    - {name: gpu, replicas: 2}\n"
+        "    - {name: mig-1g.10gb, replicas: 2}\n",
+        warning="flags.plugin.deviceListStrategy: envvar with 2 resources (nvidia.com/gpu, "
+        "nvidia.com/mig-1g.10gb): a container that requests two of them sees the GPUs of only "
+        "one",
+    ),
+    "envvar with a renamed pattern and a shared name warns": Valid(
+        "resources:\n  gpus: [{pattern: '*T4*', name: t4}]\n"
+        "sharing:\n  timeSlicing:\n    renameByDefault: true\n"
+        "    resources: [{name: gpu, replicas: 2}]\n",
+        warning="use deviceListStrategy volume-mounts, cdi-annotations or cdi-cri, or request "
+        "one of these resources per container",
+    ),
+    "one shared resource: no trap": Valid(
+        "sharing:\n  timeSlicing:\n    renameByDefault: true\n"
+        "    resources: [{name: gpu, replicas: 2}]\n"
+    ),
+    "volume-mounts: no trap": Valid(
+        "flags: {plugin: {deviceListStrategy: volume-mounts}}\n"
+        "sharing:\n  timeSlicing:\n    resources:\n    - {name: gpu, replicas: 2}\n"
+        "    - {name: mig-1g.10gb, replicas: 2}\n"
+    ),
+    "envvar with cdi-cri: no trap": Valid(
+        "flags: {plugin: {deviceListStrategy: [envvar, cdi-cri]}}\n"
+        "sharing:\n  timeSlicing:\n    resources:\n    - {name: gpu, replicas: 2}\n"
+        "    - {name: mig-1g.10gb, replicas: 2}\n"
+    ),
     # --- sharing modes ----------------------------------------------------------------------
     "MPS default failRequestsGreaterThanOne": Valid(
         "sharing:\n  mps:\n    resources: [{name: gpu, replicas: 2}]\n",
