@@ -1,4 +1,4 @@
-"""Configs on disk: a file, a ConfigMap manifest or a mounted ConfigMap directory.
+"""Configs on disk (a file, a ConfigMap manifest or a mounted ConfigMap directory) or on stdin.
 
 The config package turns text into configs and finds where a path sits in a text; this module
 reads the files those texts come from, so the core never touches the disk. Errors point at the
@@ -8,27 +8,43 @@ file (and, for plan problems, the line) the admin edits.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import BinaryIO
 
-from sharing_plugin.config.loader import NamedConfigs, parse_config, parse_configs
+from sharing_plugin.config.loader import NamedConfigs, is_stream, parse_config, parse_configs
 from sharing_plugin.config.locate import locate, locate_in_manifest
 from sharing_plugin.config.yamldoc import MAX_BYTES
 from sharing_plugin.errors import ConfigError, Problem
 
+STDIN_NAME = "<stdin>"
+"""What problem lines call standard input (`validate -`)."""
 
-def _whole_file(path: Path, message: str) -> Problem:
+
+def _whole_file(path: Path | str, message: str) -> Problem:
     return Problem("", message, file=str(path), line=1, column=1)
+
+
+def _read_bounded(stream: BinaryIO, name: Path | str) -> bytes:
+    try:
+        data = stream.read(MAX_BYTES + 1)
+    except OSError as exc:
+        raise ConfigError([_whole_file(name, f"cannot read: {exc.strerror}")]) from None
+    if len(data) > MAX_BYTES:
+        message = "file is over 1 MiB; a config may be at most 1 MiB"
+        raise ConfigError([_whole_file(name, message)])
+    return data
 
 
 def read_config_bytes(path: Path) -> bytes:
     try:
         with path.open("rb") as stream:
-            data = stream.read(MAX_BYTES + 1)
+            return _read_bounded(stream, path)
     except OSError as exc:
         raise ConfigError([_whole_file(path, f"cannot read: {exc.strerror}")]) from None
-    if len(data) > MAX_BYTES:
-        message = "file is over 1 MiB; a config may be at most 1 MiB"
-        raise ConfigError([_whole_file(path, message)])
-    return data
+
+
+def load_stdin(stream: BinaryIO) -> NamedConfigs:
+    """Every named config in what `stream` (standard input) holds, named `<stdin>` in problems."""
+    return parse_configs(_read_bounded(stream, STDIN_NAME), file=STDIN_NAME)
 
 
 def load_configs(path: Path) -> NamedConfigs:
@@ -84,6 +100,8 @@ def problem_line(problem: Problem, *, file: str, config_name: str | None) -> str
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError):
         text = ""
+    if path.is_file() and is_stream(text):
+        return _stream_problem_line(problem, text, file=str(path), config_name=config_name)
     prefix = f"data.{config_name}: " if manifest else ""
     where = (
         locate_in_manifest(problem.path, text, config_name)
@@ -93,3 +111,15 @@ def problem_line(problem: Problem, *, file: str, config_name: str | None) -> str
     at = f"{path}:{where[0]}:{where[1]}: " if where else f"{path}: "
     inner = f"{problem.path}: " if problem.path else ""
     return f"{at}{prefix}{inner}{problem.message}"
+
+
+def _stream_problem_line(problem: Problem, text: str, *, file: str, config_name: str | None) -> str:
+    """A plan problem at its entry in a multi-document stream, located as its config's warnings
+    are; at the file alone when the stream no longer reads."""
+    try:
+        loaded = parse_configs(text, file=file).get(config_name)
+    except ConfigError:
+        loaded = None
+    if loaded is None or loaded.origin is None:
+        return f"{file}: {problem}"
+    return loaded.origin.line(problem.path, problem.message)

@@ -177,3 +177,104 @@ def test_select_plain_file_ignores_names() -> None:
 def test_empty_sections_mean_not_set() -> None:
     loaded = parse_config("version: v1\nflags:\nsharing:\n  timeSlicing:\n", file="c.yaml")
     assert loaded.config.sharing.active is None
+
+
+def test_select_near_miss_suggests_the_name() -> None:
+    configs = parse_configs("kind: ConfigMap\ndata:\n  default: ''\n  shared: ''\n", file="c")
+    with pytest.raises(ConfigError) as raised:
+        select(configs, None, "sahred")
+    assert problems(raised) == [
+        "unknown config name 'sahred' (requested; did you mean 'shared'?); "
+        "available: default, shared"
+    ]
+    with pytest.raises(ConfigError) as raised:
+        select(configs, "Shared", None)
+    assert problems(raised) == [
+        "unknown config name 'Shared' (node label; did you mean 'shared'?); "
+        "available: default, shared"
+    ]
+
+
+# --- located warnings ------------------------------------------------------------------------
+
+
+def test_warnings_carry_the_line_of_their_entry() -> None:
+    loaded = parse_config(
+        "version: v1\nflags:\n  gdsEnabled: true\nsharing:\n  timeSlicing:\n"
+        "    resources:\n      - name: gpu\n        replicas: 1\n",
+        file="c.yaml",
+    )
+    # The wording is the warnings' own; only the location leads.
+    assert loaded.located_warnings == tuple(
+        f"c.yaml:{at}: {warning}"
+        for at, warning in zip(("3:3", "8:9"), loaded.warnings, strict=True)
+    )
+    assert loaded.warnings[1].startswith("sharing.timeSlicing.resources[0].replicas: 1 means")
+    # A later warning about an entry (from the plan) is located the same way; others stay.
+    assert loaded.locate("sharing.timeSlicing.resources[0].name: no gpu here") == (
+        "c.yaml:7:9: sharing.timeSlicing.resources[0].name: no gpu here"
+    )
+    assert loaded.locate("GPU 3 did not answer: no GPUs") == "GPU 3 did not answer: no GPUs"
+
+
+def test_warnings_in_a_manifest_are_at_the_manifest_line() -> None:
+    configs = parse_configs(
+        "kind: ConfigMap\ndata:\n  a: |\n    flags:\n      gdsEnabled: true\n  b: 'imex: {}'\n",
+        file="cm.yaml",
+    )
+    assert configs["a"].located_warnings == (
+        "cm.yaml:5:7: data.a: flags.gdsEnabled: accepted for compatibility; has no effect here",
+    )
+    assert configs["b"].located_warnings == (
+        "cm.yaml:6:7: data.b: imex: accepted for compatibility; has no effect here",
+    )
+    assert configs["a"].warnings == (
+        "data.a: flags.gdsEnabled: accepted for compatibility; has no effect here",
+    )
+
+
+# --- multi-document streams ------------------------------------------------------------------
+
+
+def test_stream_reads_each_config_document_and_skips_other_kinds() -> None:
+    text = (
+        "apiVersion: v1\nkind: ServiceAccount\nmetadata: {name: x}\n"
+        "---\n" + MANIFEST.split("  broken:")[0] + "  gds: |\n    flags: {gdsEnabled: true}\n"
+        "---\n"
+        "---\n"
+        "kind: DaemonSet\nspec: &s {a: 1}\nother: *s\n"
+    )
+    configs = parse_configs(text, file="all.yaml")
+    assert list(configs) == ["default", "gds"]
+    assert configs["gds"].located_warnings == (
+        "all.yaml:13:13: data.gds: flags.gdsEnabled: accepted for compatibility; has no effect "
+        "here",
+    )
+
+
+def test_stream_names_several_configs_by_document() -> None:
+    text = (
+        "version: v1\n---\nkind: ConfigMap\nmetadata: {name: a}\ndata: {x: ''}\n"
+        "---\nkind: ConfigMap\ndata: {x: ''}\n"
+    )
+    assert list(parse_configs(text, file="f")) == ["document 1", "configmap/a/x", "document 3/x"]
+    with pytest.raises(ConfigError) as raised:
+        parse_configs(text.replace("version: v1", "versio: v1"), file="f")
+    assert problems(raised) == [
+        "f:1:1: document 1: versio: unknown field 'versio' (did you mean 'version'?)"
+    ]
+
+
+def test_single_document_with_a_leading_separator_is_not_a_stream() -> None:
+    with pytest.raises(ConfigError) as raised:
+        parse_configs("# a comment\n---\nflags: {migStrategy: mixd}\n", file="c.yaml")
+    assert problems(raised)[0].startswith("c.yaml:3:22: flags.migStrategy: unknown value 'mixd'")
+
+
+def test_stream_of_nothing_is_an_error() -> None:
+    with pytest.raises(ConfigError) as raised:
+        parse_configs("---\n---\n", file="f")
+    assert problems(raised) == [
+        "f:1:1: no ConfigMap and no config among the 2 documents of this stream; give the "
+        "plugin's ConfigMap manifest or a config file"
+    ]
