@@ -31,15 +31,26 @@ EXIT_INVALID = 1
 EXIT_USAGE = 2
 
 
+STDIN = "-"
+
+
 def _parser() -> argparse.ArgumentParser:
+    from sharing_plugin import __version__
+
     parser = argparse.ArgumentParser(
         prog="sharing-plugin",
         description="Kubernetes device plugin for NVIDIA GPUs: time-slicing, MIG and MPS.",
     )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     validate = sub.add_parser("validate", help="validate config files or ConfigMap manifests")
-    validate.add_argument("files", nargs="+", metavar="FILE")
+    validate.add_argument(
+        "files",
+        nargs="+",
+        metavar="FILE",
+        help="config, ConfigMap manifest, multi-document stream, mounted dir, or - for stdin",
+    )
 
     sub.add_parser("schema", help="print the JSON Schema of the config")
 
@@ -76,22 +87,30 @@ _RUN_FLAGS: tuple[tuple[str, str, str | None, str], ...] = (
     ("--node-name", "NODE_NAME", None, "this node, to follow its config label"),
     ("--metrics-address", "METRICS_ADDRESS", "0.0.0.0:9400", "HOST:PORT for metrics, or off"),
     ("--log-format", "LOG_FORMAT", "text", "text or json"),
+    ("--log-level", "LOG_LEVEL", "info", "debug, info, warning or error"),
     ("--config-label", "CONFIG_LABEL", DEFAULT_CONFIG_LABEL, "node label naming the config"),
 )
 
 
 def _cmd_validate(args: argparse.Namespace) -> int:
-    from sharing_plugin.sources.files import load_configs
+    from sharing_plugin.sources.files import STDIN_NAME, load_configs, load_stdin
 
-    missing = [name for name in args.files if not Path(name).exists()]
+    missing = [name for name in args.files if name != STDIN and not Path(name).exists()]
     for name in missing:
         print(f"sharing-plugin validate: {name}: no such file or directory", file=sys.stderr)
+    if args.files.count(STDIN) > 1:
+        print("sharing-plugin validate: -: stdin can be read only once", file=sys.stderr)
+        return EXIT_USAGE
     if missing:
         return EXIT_USAGE
     status = EXIT_OK
     for name in args.files:
         try:
-            configs = load_configs(Path(name))
+            if name == STDIN:
+                name = STDIN_NAME
+                configs = load_stdin(sys.stdin.buffer)
+            else:
+                configs = load_configs(Path(name))
         except ConfigError as exc:
             for problem in exc.problems:
                 print(problem)
@@ -124,12 +143,14 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     if not Path(args.config).exists():  # as validate: a path that is not there is a usage error
         print(f"sharing-plugin plan: {args.config}: no such file or directory", file=sys.stderr)
         return EXIT_USAGE
+    # With --format json, stdout is the JSON document or nothing: problem lines go to stderr.
+    problems_to = sys.stderr if args.format == "json" else sys.stdout
     try:
         configs = load_configs(Path(args.config))
         name, loaded = select(configs, None, args.config_name)
     except ConfigError as exc:
         for problem in exc.problems:
-            print(problem if problem.file else f"{args.config}: {problem}")
+            print(problem if problem.file else f"{args.config}: {problem}", file=problems_to)
         return EXIT_INVALID
     try:
         backend = backend_from_spec(args.gpus)
@@ -150,18 +171,22 @@ def _cmd_plan(args: argparse.Namespace) -> int:
         node = plan_node(config, inventory)
     except PlanError as exc:
         for problem in exc.problems:
-            print(problem_line(problem, file=args.config, config_name=name))
+            print(problem_line(problem, file=args.config, config_name=name), file=problems_to)
         return EXIT_INVALID
     for warning in loaded.warnings:
         print(f"warning: {loaded.file}: {warning}", file=sys.stderr)
     if node.problems:
         for problem in node.problems:
-            print(problem_line(problem, file=args.config, config_name=name))
+            print(problem_line(problem, file=args.config, config_name=name), file=problems_to)
         return EXIT_INVALID
     result, warnings = node.plan, list(node.warnings)
     if args.format == "json":
         layouts = [action.to_json() for action in node.actions]
-        document = plan_json(result, config_name=name, mig=layouts, warnings=warnings)
+        # Every warning about a config entry carries its FILE:LINE:COL:, as problems do.
+        located = [*loaded.located_warnings, *map(loaded.locate, warnings)]
+        document = plan_json(
+            result, config_name=name, mig=layouts, warnings=located, locate=loaded.locate
+        )
         print(json.dumps(document, indent=2))
     else:
         lines = [line for action in node.actions for line in action.lines()]
@@ -171,11 +196,13 @@ def _cmd_plan(args: argparse.Namespace) -> int:
 
 def _run_options(args: argparse.Namespace) -> RunOptions:
     from sharing_plugin.daemon.health_monitor import HealthEnv
+    from sharing_plugin.daemon.logs import parse_log_level
     from sharing_plugin.daemon.options import RunOptions
     from sharing_plugin.observability.http_server import parse_metrics_address
 
     if args.log_format not in ("text", "json"):
         raise ValueError(f"--log-format must be text or json (got {args.log_format!r})")
+    parse_log_level(args.log_level)
     return RunOptions(
         config_path=Path(args.config) if args.config else None,
         config_name=args.config_name or None,
@@ -208,16 +235,51 @@ async def _serve(options: RunOptions) -> None:
             loop.remove_signal_handler(sig)
 
 
+def _check_socket_paths(kubelet_dir: Path) -> None:
+    """Refuse a kubelet dir whose sockets cannot be bound or dialled, instead of retrying forever.
+
+    AF_UNIX paths hold 107 bytes. Our socket names shrink their resource slug to fit, down to
+    `sharing-<8 hex>.sock`; that shortest name and kubelet's own two sockets must fit.
+    """
+    from sharing_plugin.errors import KubeletError
+    from sharing_plugin.kubelet.api.constants import (
+        DEVICE_PLUGINS_DIR,
+        KUBELET_SOCKET,
+        POD_RESOURCES_DIR,
+    )
+    from sharing_plugin.kubelet.server import MAX_SOCKET_PATH_BYTES, socket_name
+
+    ours = socket_name("")  # the shortest: the slug is dropped where the directory is long
+    sockets = (
+        (kubelet_dir / DEVICE_PLUGINS_DIR / ours, "the plugin's socket at its shortest name"),
+        (kubelet_dir / DEVICE_PLUGINS_DIR / KUBELET_SOCKET, "kubelet's registration socket"),
+        (kubelet_dir / POD_RESOURCES_DIR / KUBELET_SOCKET, "kubelet's PodResources socket"),
+    )
+    path, what = max(sockets, key=lambda socket: len(str(socket[0]).encode()))
+    size = len(str(path).encode())
+    if size > MAX_SOCKET_PATH_BYTES:
+        shown = path.with_name("sharing-xxxxxxxx.sock") if path.name == ours else path
+        over = size - MAX_SOCKET_PATH_BYTES
+        raise KubeletError(
+            f"socket path {shown} ({what}) is {size} bytes, over the "
+            f"{MAX_SOCKET_PATH_BYTES}-byte limit of a unix socket path: mount the kubelet "
+            f"directory at a path at least {over} byte{'s' if over > 1 else ''} shorter and "
+            "pass that as --kubelet-dir"
+        )
+
+
 def _cmd_run(args: argparse.Namespace) -> int:
     from sharing_plugin.daemon.logs import configure as configure_logging
+    from sharing_plugin.daemon.logs import parse_log_level
 
     try:
         options = _run_options(args)
     except ValueError as exc:
         print(f"sharing-plugin run: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    configure_logging(args.log_format)
+    configure_logging(args.log_format, level=parse_log_level(args.log_level))
     try:
+        _check_socket_paths(options.kubelet_dir)
         asyncio.run(_serve(options))
     except SharingPluginError as exc:
         logging.getLogger(__name__).error("cannot run: %s", exc)

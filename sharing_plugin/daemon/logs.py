@@ -7,6 +7,21 @@ import logging
 import sys
 import time
 
+LOG_LEVELS = {
+    "debug": logging.DEBUG,
+    "info": logging.INFO,
+    "warning": logging.WARNING,
+    "error": logging.ERROR,
+}
+
+
+def parse_log_level(text: str) -> int:
+    """`--log-level` / `LOG_LEVEL` (any case) as a logging level; ValueError for anything else."""
+    level = LOG_LEVELS.get(text.strip().lower())
+    if level is None:
+        raise ValueError(f"--log-level must be debug, info, warning or error (got {text!r})")
+    return level
+
 
 class JsonFormatter(logging.Formatter):
     """One JSON object per line: ts, level, logger, msg (and exc when there is one)."""

@@ -7,7 +7,7 @@ resource's physical devices with their replica counts, which is what an admin ch
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from sharing_plugin.plan.model import Plan, ResourcePlan
@@ -39,8 +39,14 @@ def plan_json(
     config_name: str | None,
     mig: Sequence[Any] = (),
     warnings: Sequence[str] = (),
+    locate: Callable[[str], str] | None = None,
 ) -> dict[str, Any]:
-    """The `plan --format json` document; `warnings` come first (e.g. from discovery)."""
+    """The `plan --format json` document; `warnings` come first (e.g. from discovery).
+
+    `locate` rewrites each of the plan's own warnings, e.g. to lead one about a config entry
+    with the `FILE:LINE:COL:` of that entry.
+    """
+    plan_warnings = list(plan.warnings) if locate is None else list(map(locate, plan.warnings))
     return {
         "config": {"name": config_name},
         "resources": [
@@ -65,7 +71,7 @@ def plan_json(
             for r in plan.resources
         ],
         "mig": list(mig),
-        "warnings": [*warnings, *plan.warnings],
+        "warnings": [*warnings, *plan_warnings],
     }
 
 

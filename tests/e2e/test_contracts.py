@@ -155,7 +155,49 @@ def test_replicas_over_the_listandwatch_limit_are_rejected(tmp_path: Path, node:
     assert "60,002 devices" in line and "60,000" in line
 
 
+def test_validate_dash_reads_a_stream_on_stdin(tmp_path: Path) -> None:
+    # Second batch: `validate -` reads stdin; every ConfigMap of a stream is validated, other
+    # kinds are skipped, lines count in the whole stream.
+    manifest = (
+        "apiVersion: v1\nkind: ServiceAccount\nmetadata: {name: sharing-plugin}\n"
+        "---\n"
+        "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: plugin}\n"
+        "data:\n"
+        "  default: |\n"
+        "    flags: {migStrategy: mixd}\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-m", "sharing_plugin", "validate", "-"],
+        input=manifest,
+        capture_output=True,
+        text=True,
+        timeout=CLI_TIMEOUT_S,
+        check=False,
+        env=child_env(),
+    )
+    assert done.returncode == 1
+    assert done.stdout == (
+        "<stdin>:10:26: data.default: flags.migStrategy: unknown value 'mixd'; expected "
+        "'none', 'single' or 'mixed' (did you mean 'mixed'?)\n"
+    )
+
+
 # -- plan and the simulated node --------------------------------------------------------------
+
+
+def test_plan_json_stdout_is_json_or_nothing(tmp_path: Path, node: Path) -> None:
+    config = tmp_path / "bad.yaml"
+    config.write_text("version: v1\nflags:\n  migStrategy: sometimes\n")
+    done = cli("plan", "--config", str(config), "--gpus", f"simulated:{node}", "--format", "json")
+    assert done.returncode == 1
+    assert done.stdout == ""
+    assert done.stderr.startswith(f"{config}:3:16: flags.migStrategy: ")
+    config.write_text("version: v1\nflags:\n  gdsEnabled: true\n")
+    document = plan_json(config, node)
+    assert (
+        f"{config}:3:3: flags.gdsEnabled: accepted for compatibility; has no effect here"
+        in (document["warnings"])
+    )
 
 
 def test_plan_json_shape_on_the_design_node(tmp_path: Path, node: Path) -> None:

@@ -28,10 +28,11 @@ def test_every_example_on_every_preset(
     code = main(
         ["plan", "--config", str(example), "--gpus", f"simulated:{preset}", "--format", "json"]
     )
-    out = capsys.readouterr().out
+    out, err = capsys.readouterr()
     if (example.name, preset) in MISFITS:
         assert code == 1
-        assert all(line.startswith(f"{example}:") for line in out.splitlines())
+        assert out == ""  # stdout is JSON or nothing; the problem lines are on stderr
+        assert err and all(line.startswith(f"{example}:") for line in err.splitlines())
         return
     assert code == 0, out
     doc = json.loads(out)
@@ -99,7 +100,7 @@ def test_named_config_in_a_manifest(tmp_path: Path, capsys: pytest.CaptureFixtur
     assert main(args) == 0
     assert json.loads(capsys.readouterr().out)["config"] == {"name": "default"}
     assert main([*args, "--config-name", "shared"]) == 1
-    (line,) = capsys.readouterr().out.splitlines()
+    (line,) = capsys.readouterr().err.splitlines()  # --format json: problems on stderr
     # At the entry inside the manifest's block, as validate reports config problems.
     assert line.startswith(
         f"{manifest}:11:43: data.shared: sharing.timeSlicing.resources[0].devices[0]: GPU 9"
@@ -128,3 +129,115 @@ def test_missing_config_is_a_usage_error(
     missing = tmp_path / "nope.yaml"
     assert main(["plan", "--config", str(missing), "--gpus", "simulated:t4x4"]) == 2
     assert "no such file or directory" in capsys.readouterr().err
+
+
+# -- plan --format json keeps stdout JSON; located warnings; name suggestions (issue 15) --------
+
+
+def test_json_on_a_bad_config_writes_nothing_to_stdout(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = tmp_path / "bad.yaml"
+    config.write_text("version: v1\nflags:\n  migStrategy: sometimes\n")
+    args = ["plan", "--config", str(config), "--gpus", "simulated:t4x4"]
+    assert main(args) == 1
+    table_out, table_err = capsys.readouterr()
+    assert main([*args, "--format", "json"]) == 1
+    out, err = capsys.readouterr()
+    assert out == ""
+    # The same lines as the table format prints (on stdout, as before), now on stderr.
+    assert err == table_out + table_err
+    assert err.startswith(f"{config}:3:16: flags.migStrategy: unknown value 'sometimes'")
+
+
+def test_json_on_a_config_that_does_not_fit_writes_nothing_to_stdout(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = tmp_path / "c.yaml"
+    config.write_text(
+        "sharing:\n  timeSlicing:\n    resources: [{name: gpu, devices: [7], replicas: 2}]\n"
+    )
+    args = ["plan", "--config", str(config), "--gpus", "simulated:t4x4", "--format", "json"]
+    assert main(args) == 1
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert err.startswith(f"{config}:3:39: sharing.timeSlicing.resources[0].devices[0]: GPU 7")
+
+
+def test_json_warnings_carry_file_line_col(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    manifest = tmp_path / "cm.yaml"
+    manifest.write_text(
+        "kind: ConfigMap\n"
+        "data:\n"
+        "  default: |\n"
+        "    flags:\n"
+        "      gdsEnabled: true\n"
+        "    sharing:\n"
+        "      timeSlicing:\n"
+        "        resources:\n"
+        "          - name: nvidia.com/mig-1g.10gb\n"
+        "            replicas: 2\n"
+    )
+    args = ["plan", "--config", str(manifest), "--gpus", "simulated:t4x4", "--format", "json"]
+    assert main(args) == 0
+    out, err = capsys.readouterr()
+    assert json.loads(out)["warnings"] == [
+        f"{manifest}:5:7: data.default: flags.gdsEnabled: accepted for compatibility; has no "
+        "effect here",
+        f"{manifest}:9:13: data.default: sharing.timeSlicing.resources[0].name: this node has no "
+        "nvidia.com/mig-1g.10gb devices, so this entry shares nothing here",
+    ]
+    # stderr keeps its warning lines, and the table keeps its words.
+    assert err == (
+        f"warning: {manifest}: data.default: flags.gdsEnabled: accepted for compatibility; has "
+        "no effect here\n"
+    )
+    assert main(args[:-2]) == 0
+    table = capsys.readouterr().out
+    assert (
+        "  - sharing.timeSlicing.resources[0].name: this node has no nvidia.com/mig-1g.10gb "
+        "devices, so this entry shares nothing here"
+    ) in table.splitlines()
+
+
+def test_config_name_near_miss_suggests(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    manifest = tmp_path / "cm.yaml"
+    manifest.write_text("kind: ConfigMap\ndata:\n  default: ''\n  shared: ''\n")
+    args = ["plan", "--config", str(manifest), "--gpus", "simulated:t4x4"]
+    assert main([*args, "--config-name", "sahred"]) == 1
+    assert capsys.readouterr().out == (
+        f"{manifest}: unknown config name 'sahred' (requested; did you mean 'shared'?); "
+        "available: default, shared\n"
+    )
+    assert main([*args, "--config-name", "sahred", "--format", "json"]) == 1
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert "did you mean 'shared'?" in err
+    assert main([*args, "--config-name", "zzz"]) == 1
+    assert capsys.readouterr().out == (
+        f"{manifest}: unknown config name 'zzz' (requested); available: default, shared\n"
+    )
+
+
+def test_plan_of_a_stream_points_into_the_stream(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "all.yaml"
+    path.write_text(
+        "apiVersion: v1\nkind: ServiceAccount\nmetadata: {name: x}\n"
+        "---\n"
+        "kind: ConfigMap\n"
+        "metadata: {name: plugin}\n"
+        "data:\n"
+        "  default: |\n"
+        "    sharing:\n"
+        "      timeSlicing:\n"
+        "        resources: [{name: gpu, devices: [9], replicas: 2}]\n"
+    )
+    assert main(["plan", "--config", str(path), "--gpus", "simulated:t4x4"]) == 1
+    (line,) = capsys.readouterr().out.splitlines()
+    assert line.startswith(
+        f"{path}:11:43: data.default: sharing.timeSlicing.resources[0].devices[0]: GPU 9"
+    )

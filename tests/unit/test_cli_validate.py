@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import io
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -106,3 +108,180 @@ def test_validate_as_a_subprocess() -> None:
     )
     assert done.returncode == 0, done.stdout + done.stderr
     assert done.stdout.count(": ok") == len(EXAMPLES)
+
+
+# -- stdin and multi-document streams (issue 15) --------------------------------------------
+
+CONFIGMAP = """\
+apiVersion: v1
+kind: ConfigMap
+metadata:
+  name: {name}
+data:
+  default: |
+    version: v1
+  shared: |
+    sharing:
+      timeSlicing:
+        resources:
+          - name: nvidia.com/gpu
+            replicas: 0
+"""
+SERVICE_ACCOUNT = """\
+apiVersion: v1
+kind: ServiceAccount
+metadata:
+  name: sharing-plugin
+"""
+# Anchors and aliases are fine in other kinds' documents: they are not configs.
+DAEMONSET = """\
+apiVersion: apps/v1
+kind: DaemonSet
+metadata:
+  name: sharing-plugin
+  labels: &labels {app: sharing-plugin}
+spec:
+  selector: {matchLabels: *labels}
+"""
+
+
+def stream(*documents: str) -> str:
+    return "---\n".join(documents)
+
+
+def feed_stdin(monkeypatch: pytest.MonkeyPatch, text: str | bytes) -> None:
+    data = text.encode() if isinstance(text, str) else text
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(data)))
+
+
+def test_dash_reads_stdin_named_stdin_in_lines(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    feed_stdin(monkeypatch, "flags:\n  migStrategy: mixd\n  gdsEnabled: true\n")
+    assert main(["validate", "-"]) == 1
+    out, _ = capsys.readouterr()
+    assert out == (
+        "<stdin>:2:16: flags.migStrategy: unknown value 'mixd'; expected 'none', 'single' or "
+        "'mixed' (did you mean 'mixed'?)\n"
+    )
+    feed_stdin(monkeypatch, "flags:\n  gdsEnabled: true\n")
+    assert main(["validate", "-"]) == 0
+    out, err = capsys.readouterr()
+    assert out == "<stdin>: ok\n"
+    assert (
+        err
+        == "warning: <stdin>: flags.gdsEnabled: accepted for compatibility; has no effect here\n"
+    )
+
+
+def test_stdin_with_files_and_only_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    good = tmp_path / "good.yaml"
+    good.write_text("version: v1\n")
+    feed_stdin(monkeypatch, CONFIGMAP.format(name="cm").replace("replicas: 0", "replicas: 2"))
+    assert main(["validate", str(good), "-"]) == 0
+    assert capsys.readouterr().out.splitlines() == [
+        f"{good}: ok",
+        "<stdin>: ok (2 configs: default, shared)",
+    ]
+    assert main(["validate", "-", "-"]) == 2
+    assert "stdin can be read only once" in capsys.readouterr().err
+
+
+def test_stream_validates_its_configmap_with_lines_in_the_whole_stream(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    alone = tmp_path / "cm.yaml"
+    alone.write_text(CONFIGMAP.format(name="plugin"))
+    assert main(["validate", str(alone)]) == 1
+    (line_alone,) = capsys.readouterr().out.splitlines()
+    assert line_alone == (
+        f"{alone}:13:23: data.shared: sharing.timeSlicing.resources[0].replicas: "
+        "must be >= 1 (got 0)"
+    )
+    path = tmp_path / "all.yaml"
+    path.write_text(stream(SERVICE_ACCOUNT, DAEMONSET, CONFIGMAP.format(name="plugin")))
+    assert main(["validate", str(path)]) == 1
+    (line,) = capsys.readouterr().out.splitlines()
+    # The ConfigMap starts after 4 + 7 lines and two `---` lines: 13 + 13 = 26.
+    assert line == line_alone.replace(f"{alone}:13:", f"{path}:26:")
+    assert path.read_text().splitlines()[25] == "            replicas: 0"
+
+
+def test_stream_with_several_configmaps_names_each(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "all.yaml"
+    path.write_text(
+        stream(
+            CONFIGMAP.format(name="first"),
+            SERVICE_ACCOUNT,
+            CONFIGMAP.format(name="second").replace("replicas: 0", "replicas: 2"),
+            "version: v2\n",
+        )
+    )
+    assert main(["validate", str(path)]) == 1
+    assert capsys.readouterr().out.splitlines() == [
+        f"{path}:13:23: configmap/first: data.shared: sharing.timeSlicing.resources[0].replicas: "
+        "must be >= 1 (got 0)",
+        f"{path}:34:10: document 4: version: unsupported version 'v2'; supported versions: v1",
+    ]
+    path.write_text(
+        stream(
+            CONFIGMAP.format(name="first").replace("replicas: 0", "replicas: 2"),
+            CONFIGMAP.format(name="second").replace("replicas: 0", "replicas: 3"),
+        )
+    )
+    assert main(["validate", str(path)]) == 0
+    assert capsys.readouterr().out == (
+        f"{path}: ok (4 configs: configmap/first/default, configmap/first/shared, "
+        "configmap/second/default, configmap/second/shared)\n"
+    )
+
+
+def test_stream_without_config_is_an_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "rbac.yaml"
+    path.write_text(stream(SERVICE_ACCOUNT, DAEMONSET))
+    assert main(["validate", str(path)]) == 1
+    assert capsys.readouterr().out == (
+        f"{path}:1:1: no ConfigMap and no config among the 2 documents of this stream (found "
+        "ServiceAccount, DaemonSet); give the plugin's ConfigMap manifest or a config file\n"
+    )
+
+
+def test_yaml_error_in_a_later_document_is_at_its_stream_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "all.yaml"
+    path.write_text(stream(SERVICE_ACCOUNT, "kind: DaemonSet\nspec: [unclosed\n", CONFIGMAP))
+    assert main(["validate", str(path)]) == 1
+    out = capsys.readouterr().out
+    assert out == (
+        f"{path}:8:1: invalid YAML: while parsing a flow sequence expected ',' or ']', "
+        "but got '<document start>'\n"
+    )
+
+
+def test_kustomize_output_on_stdin_validates() -> None:
+    kubectl = shutil.which("kubectl")
+    if kubectl is None:
+        pytest.skip("kubectl is not installed")
+    rendered = subprocess.run(
+        [kubectl, "kustomize", str(ROOT / "deploy")],
+        capture_output=True,
+        timeout=60,
+        check=True,
+    ).stdout
+    assert rendered.count(b"\n---\n") >= 2
+    done = subprocess.run(
+        [sys.executable, "-m", "sharing_plugin", "validate", "-"],
+        input=rendered,
+        capture_output=True,
+        timeout=30,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.startswith(b"<stdin>: ok (")

@@ -1,0 +1,66 @@
+"""Command-line conventions: `--version`, `run --log-level`, and the socket path limit of
+`run --kubelet-dir`, checked before anything starts."""
+
+from __future__ import annotations
+
+import logging
+from importlib.metadata import version
+from pathlib import Path
+
+import pytest
+
+import sharing_plugin
+from sharing_plugin.cli import _check_socket_paths, main
+from sharing_plugin.daemon.logs import parse_log_level
+from sharing_plugin.errors import KubeletError
+
+
+def test_version_prints_the_installed_version(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--version"]) == 0
+    installed = version("gpu-sharing-plugin")
+    assert capsys.readouterr().out == f"sharing-plugin {installed}\n"
+    assert sharing_plugin.__version__ == installed
+
+
+def test_version_of_a_tree_never_installed_is_unknown() -> None:
+    assert sharing_plugin.installed_version("no-such-distribution-here") == "0+unknown"
+
+
+@pytest.mark.parametrize(
+    ("text", "level"),
+    [("debug", logging.DEBUG), ("info", logging.INFO), ("WARNING", logging.WARNING),
+     ("error", logging.ERROR)],
+)  # fmt: skip
+def test_log_levels(text: str, level: int) -> None:
+    assert parse_log_level(text) == level
+
+
+def test_invalid_log_level_is_a_usage_error(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["run", "--log-level", "loud"]) == 2
+    assert capsys.readouterr().err == (
+        "sharing-plugin run: --log-level must be debug, info, warning or error (got 'loud')\n"
+    )
+    monkeypatch.setenv("LOG_LEVEL", "trace")
+    assert main(["run"]) == 2
+    assert "(got 'trace')" in capsys.readouterr().err
+
+
+def test_socket_paths_up_to_the_limit_pass() -> None:
+    # 70 bytes + "/device-plugins/sharing-xxxxxxxx.sock" (37) = 107, the AF_UNIX limit.
+    _check_socket_paths(Path("/" + "k" * 69))
+    _check_socket_paths(Path("/var/lib/kubelet"))
+    _check_socket_paths(Path("/var/snap/microk8s/common/var/lib/kubelet"))
+
+
+def test_socket_path_over_the_limit_names_path_and_limit() -> None:
+    kubelet_dir = Path("/" + "k" * 70)
+    with pytest.raises(KubeletError) as raised:
+        _check_socket_paths(kubelet_dir)
+    assert str(raised.value) == (
+        f"socket path {kubelet_dir}/device-plugins/sharing-xxxxxxxx.sock (the plugin's socket "
+        "at its shortest name) is 108 bytes, over the 107-byte limit of a unix socket path: "
+        "mount the kubelet directory at a path at least 1 byte shorter and pass that as "
+        "--kubelet-dir"
+    )
