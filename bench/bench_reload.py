@@ -29,10 +29,13 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "integration"))
 
 from figures import FigureLog, add_json_option, ms, p50_p99
-from k8s_fake import ConfigMapVolume, FakeKubeApi
+from k8s_fake import ConfigMapVolume
+from kube_api import FakeKubeApi
 
+from sharing_plugin.config.names import DEFAULT_CONFIG_LABEL as DEFAULT_LABEL
 from sharing_plugin.sources.filewatch import ConfigSource, ConfigUpdate
-from sharing_plugin.sources.nodelabel import DEFAULT_LABEL, KubeClient, NodeLabelWatcher
+from sharing_plugin.sources.kube import client_from_kubeconfig
+from sharing_plugin.sources.nodelabel import NodeLabelWatcher
 
 NODE = "bench-node"
 TEXT = (
@@ -86,8 +89,10 @@ async def bench_swap(root: Path, rounds: int) -> list[float]:
 
 async def bench_label(root: Path, rounds: int) -> list[float]:
     ConfigMapVolume(root, {"default": TEXT.format(1), "a": TEXT.format(2), "b": TEXT.format(3)})
-    async with FakeKubeApi(NODE) as api:
-        watcher = NodeLabelWatcher(NODE, client=KubeClient(api.url))
+    async with FakeKubeApi() as api:
+        api.put_node(NODE, {})
+        client = client_from_kubeconfig(api.kubeconfig(root / "kubeconfig"))
+        watcher = NodeLabelWatcher(NODE, client=client)
         source = ConfigSource(root, label_value=lambda: watcher.value)
         source.read()
         queue: asyncio.Queue[tuple[float, ConfigUpdate]] = asyncio.Queue()
@@ -100,13 +105,13 @@ async def bench_label(root: Path, rounds: int) -> list[float]:
         label_task = asyncio.create_task(
             watcher.run(lambda _: source.trigger("label changed")), name="bench-label"
         )
-        await asyncio.wait_for(api.watch_started.wait(), 5)
+        await api.wait_watches(1)
         samples = []
         try:
             for n in range(rounds):
                 name = "ab"[n % 2]
                 started = time.perf_counter()
-                api.set_label(DEFAULT_LABEL, name)
+                api.set_node_label(NODE, DEFAULT_LABEL, name)
                 while True:
                     at, update = await asyncio.wait_for(queue.get(), 5)
                     if update.name == name:
@@ -118,6 +123,7 @@ async def bench_label(root: Path, rounds: int) -> list[float]:
             await asyncio.gather(label_task, return_exceptions=True)
             source.stop()
             await consumer
+            await client.close()
     return samples
 
 

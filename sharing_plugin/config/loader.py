@@ -306,6 +306,14 @@ def _from_stream(
             f"{kinds}; give the plugin's ConfigMap manifest or a config file"
         )
         raise ConfigError([_problem(file, "", message, _START)])
+    plain = [f for f in found if isinstance(f.read, Document) and not _kind(f.read)]
+    if len(plain) > 1:
+        # Several named configs are a ConfigMap's keys; a file of configs has no names for them.
+        message = (
+            f"a second config in one file (document {plain[1].number}): a config file holds "
+            "one config; put named configs in a ConfigMap, one data key each"
+        )
+        raise ConfigError([_problem(file, "", message, plain[1].shift(_START))])
     labels = _labels(found) if len(found) > 1 else {}
     configs: NamedConfigs = {}
     problems: list[Problem] = []

@@ -20,13 +20,16 @@ import logging
 from collections.abc import Mapping
 from pathlib import Path
 from types import TracebackType
+from typing import TYPE_CHECKING
 
 from sharing_plugin.config.loader import LoadedConfig
 from sharing_plugin.config.model import Config
 from sharing_plugin.daemon.health_monitor import HealthMonitor
+from sharing_plugin.daemon.kube import ConfigFeed, api_client, config_feed, needs_api
 from sharing_plugin.daemon.layouts import MigLayouts
 from sharing_plugin.daemon.mig import MigReconciler
 from sharing_plugin.daemon.options import RunOptions
+from sharing_plugin.daemon.report import NodeReport
 from sharing_plugin.daemon.supervisor import Supervisor
 from sharing_plugin.daemon.tasks import TaskOwner
 from sharing_plugin.errors import (
@@ -48,9 +51,11 @@ from sharing_plugin.observability.status import StatusBoard
 from sharing_plugin.plan import CONTROL_DEVICE_NODES
 from sharing_plugin.plan.model import Plan
 from sharing_plugin.plan.node import plan_node
-from sharing_plugin.sources.files import problem_line
-from sharing_plugin.sources.filewatch import ConfigSource, ConfigUpdate
-from sharing_plugin.sources.nodelabel import KubeClient, NodeLabelWatcher
+from sharing_plugin.sources.filewatch import ConfigUpdate
+from sharing_plugin.sources.nodelabel import NodeLabelWatcher
+
+if TYPE_CHECKING:
+    from lightkube import AsyncClient
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +66,7 @@ _REAPPLY = frozenset({_MIG_RETRY, _REDISCOVERED})
 _REDISCOVER_MAX_S = 300.0
 _LABEL_FETCH_TIMEOUT_S = 5.0
 _FOLLOW_BACKOFF_S = (0.2, 10.0)
+_CLEAR_TIMEOUT_S = 1.0
 
 
 class Daemon:
@@ -71,7 +77,7 @@ class Daemon:
         options: RunOptions,
         *,
         nvml: NvmlApi,
-        kube_client: KubeClient | None = None,
+        kube_client: AsyncClient | None = None,
     ) -> None:
         """`nvml` is the NVML the entry chose for `options.gpus` (the real module or the
         simulator); `kube_client` replaces the credentials found in the environment."""
@@ -93,13 +99,10 @@ class Daemon:
         self._health_monitor: HealthMonitor | None = None
         self._layouts: MigLayouts | None = None
         self._label_watcher: NodeLabelWatcher | None = None
-        self.source = ConfigSource(
-            options.config_path,
-            requested_name=options.config_name,
-            label_value=lambda: self._label_value,
-            # A ConfigMap swap is four renames within a millisecond; 20 ms of quiet is one batch.
-            debounce_ms=20,
-        )
+        self.report = NodeReport(None)
+        self._own_client: AsyncClient | None = None  # made here, so closed here
+        self.source: ConfigFeed | None = None  # chosen at start, once the API client is known
+        self._api_trouble: str | None = None
         self.pod_resources = PodResourcesClient(options.kubelet_dir)
         self.supervisor = Supervisor(
             kubelet_dir=options.kubelet_dir,
@@ -134,7 +137,16 @@ class Daemon:
             host, port = self.options.metrics_address
             self._metrics_server = MetricsServer(host, port, self.metrics, self.status)
             await self._metrics_server.start()
+        if self._kube_client is None and needs_api(self.options):
+            self._kube_client = self._own_client = api_client(self.options)
         await self._start_label_watch()
+        self._start_node_status()
+        self.source = config_feed(
+            self.options,
+            self._kube_client,
+            label_value=lambda: self._label_value,
+            on_trouble=self._on_api_trouble,
+        )
         self._layouts = MigLayouts(
             MigReconciler(self.nvml, metrics=self.metrics),
             status=self.status,
@@ -151,7 +163,7 @@ class Daemon:
             log.info("health checks: %s", described)
         for problem in self.options.health_env.problems:
             log.warning("health checks: %s", problem)
-        update = self.source.read("start")
+        update = await self.source.start()
         await self._on_update(update)
         self._tasks.spawn(self._follow_config(), name="config", eternal=True)
         watcher = KubeletWatcher(
@@ -165,15 +177,14 @@ class Daemon:
     async def _start_label_watch(self) -> None:
         if self.options.node_name is None:
             return
-        client = self._kube_client or KubeClient.from_environment()
+        client = self._kube_client
         if client is None:
-            log.info(
-                "no Kubernetes credentials: the node label %s is not watched",
-                self.options.config_label,
-            )
             return
         self._label_watcher = NodeLabelWatcher(
-            self.options.node_name, label=self.options.config_label, client=client
+            self.options.node_name,
+            label=self.options.config_label,
+            client=client,
+            on_trouble=self._on_api_trouble,
         )
         # Pick the labelled config from the start rather than switching to it a moment later.
         try:
@@ -183,12 +194,31 @@ class Daemon:
             log.warning("reading node %s's labels: %s", self.options.node_name, exc)
         self._tasks.spawn(self._label_watcher.run(self._on_label), name="node-label", eternal=True)
 
+    def _start_node_status(self) -> None:
+        node, client = self.options.node_name, self._kube_client
+        if node is None or client is None or not self.options.node_status:
+            return
+        from sharing_plugin.observability.nodestatus import NodeStatusReporter
+
+        reporter = NodeStatusReporter(client, node)
+        self.report = NodeReport(reporter)
+        self._tasks.spawn(reporter.run(), name="node-status", eternal=True)
+
     def _on_label(self, value: str | None) -> None:
         if value == self._label_value:
             return
         log.info("node label %s is now %r", self.options.config_label, value)
         self._label_value = value
-        self.source.trigger("label changed")
+        if self.source is not None:
+            self.source.trigger("label changed")
+
+    def _on_api_trouble(self, text: str | None) -> None:
+        """API trouble (credentials refused, server away) shows in /status until it is over."""
+        previous, self._api_trouble = self._api_trouble, text
+        if text is not None:
+            self.status.set_error(text)
+        elif previous is not None and self.status.last_error == previous:
+            self.status.set_error(None)
 
     def request_stop(self) -> None:
         """Begin a graceful stop (what SIGTERM and SIGINT do)."""
@@ -196,19 +226,31 @@ class Daemon:
 
     def request_reload(self) -> None:
         """Re-read the config now (what SIGHUP does)."""
-        self.source.trigger("SIGHUP")
+        if self.source is not None:
+            self.source.trigger("SIGHUP")
 
     async def wait_stopped(self) -> None:
         await self._stop.wait()
 
     async def close(self) -> None:
-        self.source.stop()
+        if self.source is not None:
+            self.source.stop()
+        reporter = self.report.reporter
+        if reporter is not None and self.options.clear_labels_on_exit:
+            try:
+                async with asyncio.timeout(_CLEAR_TIMEOUT_S):
+                    await reporter.clear()
+            except Exception as exc:
+                log.warning("clearing node %s's labels: %s", reporter.node_name, exc)
         await self._tasks.close()
         await self.supervisor.close()
         await self.pod_resources.close()
         if self._metrics_server is not None:
             await self._metrics_server.close()
             self._metrics_server = None
+        if self._own_client is not None:
+            await self._own_client.close()
+            self._own_client = None
 
     # --- reloads -----------------------------------------------------------------------------
 
@@ -219,6 +261,7 @@ class Daemon:
         delay, limit = _FOLLOW_BACKOFF_S
         while True:
             try:
+                assert self.source is not None
                 async with contextlib.aclosing(self.source.updates()) as updates:
                     async for update in updates:
                         await self._on_update(update)
@@ -276,16 +319,15 @@ class Daemon:
 
     def _placed(self, error: PlanError, loaded: LoadedConfig | None, name: str | None) -> str:
         """The plan's problems at their lines in the file the admin edits, like `validate`."""
-        if loaded is None:
+        if loaded is None or self.source is None:
             return str(error)
-        source = self.options.config_path
-        file = str(source) if source is not None else loaded.file
-        return "\n".join(problem_line(p, file=file, config_name=name) for p in error.problems)
+        return "\n".join(self.source.place(p, name) for p in error.problems)
 
     async def _partition(self, config: Config, inventory: Inventory) -> Inventory:
         """Make the GPUs' MIG layout match `partitioning.mig`; the node as it is afterwards."""
         assert self._layouts is not None
         inventory, changed = await self._layouts.apply(config, inventory)
+        self.report.mig(self._layouts.states, inventory)
         if changed:
             self._inventory = inventory
             if self._health_monitor is not None:
@@ -310,7 +352,8 @@ class Daemon:
 
     async def _on_health(self, health: Mapping[str, bool]) -> None:
         async with self._reload_lock:
-            self._health = dict(health)
+            before, self._health = self._health, dict(health)
+            self.report.health(before, self._health, self._inventory)
             config = self.config
             if config is None or self._base_plan is None:
                 return
@@ -325,6 +368,7 @@ class Daemon:
             log.error("keeping the last good config (generation %d)", self._generation)
         self.status.set_error(lines[0] if len(lines) == 1 else "; ".join(lines))
         self.metrics.count_reload(False)
+        self.report.rejected(lines[0])
 
     async def _inventory_for(self, config: Config) -> Inventory:
         if self._inventory is None:
@@ -390,6 +434,12 @@ class Daemon:
                 generation=self._generation,
             )
             self.metrics.count_reload(True)
+            self.report.applied(
+                name=name,
+                hash_=loaded.source_hash if loaded else "",
+                generation=self._generation,
+                plan=base,
+            )
         change = await self.supervisor.apply(self._effective(config), self._context(config))
         log.log(
             logging.DEBUG if retry and change.empty else logging.INFO,

@@ -79,6 +79,11 @@ class MigLayouts:
         self._states = states
         self._status.set_mig_states(self._states)
 
+    @property
+    def states(self) -> Mapping[str, GpuMigState]:
+        """Every selected GPU's layout state after the last apply."""
+        return self._states
+
     def _schedule_retry(self) -> None:
         if self._retrying is not None and not self._retrying.done():
             return

@@ -15,9 +15,12 @@ class RunOptions:
 
     config_path: Path | None = None
     config_name: str | None = None
+    config_map: tuple[str, str] | None = None  # (namespace, name), read through the API
     gpus: str = "nvml"
     kubelet_dir: Path = Path("/var/lib/kubelet")
     node_name: str | None = None
+    node_status: bool = True  # events, state label and annotation on the Node (with node_name)
+    clear_labels_on_exit: bool = False
     metrics_address: tuple[str, int] | None = None
     config_label: str = DEFAULT_CONFIG_LABEL
     drain_recheck_s: float = 2.0  # how often PodResources is asked while devices drain

@@ -30,7 +30,7 @@ from pathlib import Path
 from sharing_plugin.config.loader import LoadedConfig, select
 from sharing_plugin.errors import ConfigError, Problem
 from sharing_plugin.fswatch import DirectoryGone, DirectoryWatch
-from sharing_plugin.sources.files import load_configs
+from sharing_plugin.sources.files import load_configs, problem_line
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +53,7 @@ class ConfigUpdate:
     reason: str
 
 
-def _fingerprint(update: ConfigUpdate) -> tuple[object, ...]:
+def fingerprint(update: ConfigUpdate) -> tuple[object, ...]:
     if update.error is not None:
         return ("error", str(update.error))
     if update.loaded is None:
@@ -91,7 +91,7 @@ class ConfigSource:
     def read(self, reason: str = "start") -> ConfigUpdate:
         """Read, validate and select now (start-up, `plan`); remembered as the latest outcome."""
         update = self._read(reason)
-        self._last = _fingerprint(update)
+        self._last = fingerprint(update)
         return update
 
     def _read(self, reason: str) -> ConfigUpdate:
@@ -106,6 +106,15 @@ class ConfigSource:
             where = Problem(path="", message=f"cannot read: {exc}", file=str(self._path))
             return ConfigUpdate(None, None, ConfigError([where]), reason)
         return ConfigUpdate(name, loaded, None, reason)
+
+    async def start(self) -> ConfigUpdate:
+        """The config to start with (the same as `read`, for sources that must ask a server)."""
+        return self.read("start")
+
+    def place(self, problem: Problem, config_name: str | None) -> str:
+        """A plan problem at the line of the file the admin edits, as `validate` prints it."""
+        file = str(self._path) if self._path is not None else ""
+        return problem_line(problem, file=file, config_name=config_name)
 
     def trigger(self, reason: str) -> None:
         """Force a re-read (SIGHUP, label change); it is reported even if nothing changed."""
@@ -142,10 +151,10 @@ class ConfigSource:
                 update = self._read(reason)
                 if update.error is not None and not triggers and await self._settling():
                     continue
-                fingerprint = _fingerprint(update)
-                if not triggers and fingerprint == self._last:
+                seen = fingerprint(update)
+                if not triggers and seen == self._last:
                     continue
-                self._last = fingerprint
+                self._last = seen
                 yield update
         finally:
             self._stop.set()

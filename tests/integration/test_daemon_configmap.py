@@ -7,9 +7,10 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 
 from daemon_harness import Running, running
-from k8s_fake import ConfigMapVolume, FakeKubeApi
+from k8s_fake import ConfigMapVolume
+from kube_api import FakeKubeApi
 
-from sharing_plugin.sources.kubeapi import KubeClient
+from sharing_plugin.sources.kube import client_from_kubeconfig
 
 GPU = "nvidia.com/gpu"
 LABEL = "nvidia.com/device-plugin.config"
@@ -32,12 +33,16 @@ def two_configs(root: Path) -> ConfigMapVolume:
 async def labelled_big(root: Path) -> AsyncIterator[tuple[ConfigMapVolume, FakeKubeApi, Running]]:
     """The daemon following `two_configs` on a node whose config label says `big`."""
     volume = two_configs(root)
-    async with FakeKubeApi(NODE, {LABEL: "big"}) as api:
-        client = KubeClient(api.url)
-        async with running(
-            root, None, config_path=volume.root, node_name=NODE, kube_client=client
-        ) as run:
-            yield volume, api, run
+    async with FakeKubeApi() as api:
+        api.put_node(NODE, {LABEL: "big"})
+        client = client_from_kubeconfig(api.kubeconfig(root / "kubeconfig"))
+        try:
+            async with running(
+                root, None, config_path=volume.root, node_name=NODE, kube_client=client
+            ) as run:
+                yield volume, api, run
+        finally:
+            await client.close()
 
 
 async def test_configmap_swap_is_applied(short_dir: Path) -> None:
@@ -54,16 +59,16 @@ async def test_label_selects_config_at_start_and_on_change(short_dir: Path) -> N
         # The labelled config from the first plan on, not the default first.
         assert run.capacity() == {GPU: 64}
         assert run.daemon.status.to_json()["config"]["generation"] == 1
-        await api.watch_started.wait()
-        api.set_label(LABEL, "default")
+        await api.wait_watches(1)
+        api.set_node_label(NODE, LABEL, "default")
         await run.kubelet.wait_for(lambda: run.kubelet.capacity(GPU) == 16, timeout=5)
         assert run.daemon.status.to_json()["config"]["name"] == "default"
 
 
 async def test_label_naming_an_unknown_config_keeps_the_previous_one(short_dir: Path) -> None:
     async with labelled_big(short_dir) as (_, api, run):
-        await api.watch_started.wait()
-        api.set_label(LABEL, "huge")
+        await api.wait_watches(1)
+        api.set_node_label(NODE, LABEL, "huge")
         await run.daemon.next_update()
         error = run.daemon.status.last_error
         assert error is not None and "huge" in error and "big" in error

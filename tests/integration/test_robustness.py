@@ -26,7 +26,7 @@ from sharing_plugin.daemon.app import Daemon
 from sharing_plugin.daemon.options import RunOptions
 from sharing_plugin.errors import ConfigError, KubeApiError
 from sharing_plugin.sim.kubelet.simulator import KubeletSimulator
-from sharing_plugin.sources.kubeapi import KubeClient
+from sharing_plugin.sources.kube import client_from_environment
 
 GPU = "nvidia.com/gpu"
 SLICED = (
@@ -194,7 +194,7 @@ def test_broken_kubeconfig_is_one_line(short_dir: Path, content: bytes, expected
     path = short_dir / "kubeconfig"
     path.write_bytes(content)
     with pytest.raises(KubeApiError) as caught:
-        KubeClient.from_environment({"KUBECONFIG": str(path)})
+        client_from_environment({"KUBECONFIG": str(path)}, service_account_dir=short_dir)
     assert _one_line(str(caught.value)).startswith(f"kubeconfig {path}: {expected}")
 
 

@@ -30,7 +30,7 @@ def test_json_contract_and_table() -> None:
     p = plan(cfg, node(gpu(0, numa=None), gpu(1)))
     doc = plan_json(p, config_name="x", warnings=["from discovery"])
     assert doc["config"] == {"name": "x"}
-    assert doc["mig"] == [] and doc["warnings"] == ["from discovery"]
+    assert doc["mig"] == [] and doc["warnings"][0] == "from discovery"
     first = doc["resources"][0]
     assert first["name"] == "nvidia.com/gpu" and first["sharing"] == "none"
     assert first["devices"][0] == {

@@ -1,0 +1,250 @@
+"""The config from a ConfigMap read through the Kubernetes API, the mounted copy as fallback.
+
+A mounted ConfigMap changes on the node only when the kubelet syncs the volume (its sync period
+plus cache propagation: a minute or more, never for `subPath` mounts); read through the API, an
+edit reaches the plugin within the watch's latency. This source follows the one ConfigMap
+(`--config-map NAMESPACE/NAME`), selects the named config inside it exactly as for a mounted
+one (node label, then `--config-name`, then `default`, then the only key), and hands out the
+same `ConfigUpdate`s as the file source, so the daemon applies them on the same path.
+
+Which copy serves, when a mounted copy is given too (`--config DIR`):
+- the API's, whenever the API answers: the mount is only ever a late copy of it;
+- the mounted one at start while the API does not answer;
+- while the API stays unreachable, the copy that changed last: a mount that changes after the
+  API went away is newer than the API's last copy, one that does not change is not, so the
+  plugin never flaps between them; the API's copy takes over again once it answers.
+Errors point at the ConfigMap key and the line in it: `NAMESPACE/NAME[KEY]:LINE:COL: ...`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncGenerator, Callable, Mapping
+from typing import TYPE_CHECKING, Any
+
+from sharing_plugin.config.loader import NamedConfigs, parse_config, select
+from sharing_plugin.config.locate import locate
+from sharing_plugin.errors import ConfigError, KubeApiError, Problem
+from sharing_plugin.sources.filewatch import ConfigSource, ConfigUpdate, fingerprint
+from sharing_plugin.sources.kube import WATCH_TIMEOUT_S, ObjectFollower, ObjectRef
+
+if TYPE_CHECKING:
+    from lightkube import AsyncClient
+
+__all__ = ["ApiConfigSource", "parse_config_map_ref"]
+
+log = logging.getLogger(__name__)
+
+START_TIMEOUT_S = 5.0
+
+
+def parse_config_map_ref(value: str) -> tuple[str, str]:
+    """`NAMESPACE/NAME` -> (namespace, name); ValueError with what to write otherwise."""
+    namespace, sep, name = value.partition("/")
+    if not sep or not namespace or not name or "/" in name:
+        raise ValueError(f"--config-map must be NAMESPACE/NAME (got {value!r})")
+    return namespace, name
+
+
+class ApiConfigSource:
+    """Follows one ConfigMap through the API (see the module doc)."""
+
+    def __init__(
+        self,
+        client: AsyncClient,
+        namespace: str,
+        name: str,
+        *,
+        requested_name: str | None = None,
+        label_value: Callable[[], str | None] | None = None,
+        fallback: ConfigSource | None = None,
+        on_trouble: Callable[[str | None], None] = lambda _: None,
+        start_timeout_s: float = START_TIMEOUT_S,
+        watch_timeout_s: tuple[int, int] = WATCH_TIMEOUT_S,
+    ) -> None:
+        from lightkube.resources.core_v1 import ConfigMap
+
+        self.namespace, self.name = namespace, name
+        self._requested_name = requested_name
+        self._label_value = label_value or (lambda: None)
+        self._fallback = fallback
+        self._on_trouble = on_trouble
+        self._start_timeout_s = start_timeout_s
+        self.follower = ObjectFollower(
+            client,
+            ObjectRef(ConfigMap, name, namespace),
+            on_object=self._api_object,
+            on_trouble=self._api_trouble,
+            watch_timeout_s=watch_timeout_s,
+        )
+        self._data: dict[str, str] | None = None  # the API's last copy; None: none seen yet
+        self._exists = True
+        self._api_ok = False
+        self._serving_mounted = False
+        self._mounted: ConfigUpdate | None = None  # the mounted copy's last outcome
+        self.trouble: str | None = None  # the API's current problem, for /status
+        self._wake = asyncio.Event()
+        self._reasons: list[str] = []
+        self._last: tuple[object, ...] | None = None
+        self._stop = asyncio.Event()
+
+    @property
+    def label(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+    async def start(self) -> ConfigUpdate:
+        """The config to start with: the API's copy, or the mounted one if the API does not
+        answer within the start timeout."""
+        try:
+            async with asyncio.timeout(self._start_timeout_s):
+                obj = await self.follower.fetch()
+        except (KubeApiError, TimeoutError) as exc:
+            self._api_trouble(str(exc) or f"no answer within {self._start_timeout_s:g} s")
+            if self._fallback is not None:
+                log.warning("ConfigMap %s: %s; starting from the mounted copy", self.label, exc)
+                self._serving_mounted = True
+                self._mounted = self._fallback.read("start (API unreachable)")
+                return self._remember(self._mounted)
+            log.warning("ConfigMap %s: %s", self.label, self.trouble)
+            error = ConfigError([Problem("", f"ConfigMap {self.label}: {self.trouble}")])
+            # Nothing to serve until the API answers: the watch brings the first copy.
+            self._api_ok = False
+            return self._remember(ConfigUpdate(None, None, error, "start"))
+        self._api_ok = True
+        self._take(obj)
+        return self._remember(self._read("start"))
+
+    def trigger(self, reason: str) -> None:
+        """Select again now (SIGHUP, node label change); reported even if nothing changed."""
+        self._reasons.append(reason)
+        self._wake.set()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._wake.set()
+
+    def place(self, problem: Problem, config_name: str | None) -> str:
+        """A plan problem at the ConfigMap key and line it is about, as validate prints it."""
+        if self._serving_mounted and self._fallback is not None:
+            return self._fallback.place(problem, config_name)
+        if problem.file is not None:
+            return str(problem)
+        text = (self._data or {}).get(config_name or "", "")
+        where = locate(problem.path, text) if problem.path else None
+        at = f":{where[0]}:{where[1]}" if where else ""
+        inner = f"{problem.path}: " if problem.path else ""
+        return f"{self.label}[{config_name}]{at}: {inner}{problem.message}"
+
+    async def updates(self) -> AsyncGenerator[ConfigUpdate, None]:
+        """Every new outcome until `stop()`: API edits, label changes, and the mounted copy's
+        changes while the API does not answer."""
+        tasks = [asyncio.create_task(self.follower.run(), name=f"configmap:{self.label}")]
+        if self._fallback is not None:
+            tasks.append(asyncio.create_task(self._follow_mounted(), name="configmap:mounted"))
+        try:
+            while not self._stop.is_set():
+                await self._wake.wait()
+                self._wake.clear()
+                if self._stop.is_set():
+                    return
+                reasons, self._reasons = self._reasons, []
+                if not reasons:
+                    continue
+                update = self._read(reasons[-1])
+                forced = any(r not in (_API_CHANGED, _MOUNT_CHANGED) for r in reasons)
+                if not forced and fingerprint(update) == self._last:
+                    continue
+                yield self._remember(update)
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.wait(tasks)
+            if self._fallback is not None:
+                self._fallback.stop()
+
+    # --- what the two copies say --------------------------------------------------------------
+
+    def _api_object(self, obj: Any | None) -> None:
+        was_ok, self._api_ok = self._api_ok, True
+        exists = obj is not None
+        data = dict(obj.data or {}) if obj is not None else {}
+        if exists == self._exists and data == self._data and was_ok and not self._serving_mounted:
+            return
+        self._exists, self._data = exists, data
+        if self._serving_mounted:
+            log.info("ConfigMap %s: the API answers again; serving its copy", self.label)
+        self._serving_mounted = False
+        self._reasons.append(_API_CHANGED)
+        self._wake.set()
+
+    def _api_trouble(self, text: str | None) -> None:
+        if text == self.trouble:
+            return
+        self.trouble = text
+        if text is not None:
+            self._api_ok = False
+        self._on_trouble(text)
+
+    def _take(self, obj: Any | None) -> None:
+        self._exists = obj is not None
+        self._data = dict(obj.data or {}) if obj is not None else {}
+
+    async def _follow_mounted(self) -> None:
+        assert self._fallback is not None
+        async with contextlib.aclosing(self._fallback.updates()) as updates:
+            async for update in updates:
+                self._mounted = update
+                if self._api_ok:
+                    continue  # the API's copy is the truth; the mount only lags behind it
+                if not self._serving_mounted:
+                    log.warning(
+                        "ConfigMap %s: the API does not answer and the mounted copy changed; "
+                        "serving the mounted copy",
+                        self.label,
+                    )
+                self._serving_mounted = True
+                self._reasons.append(_MOUNT_CHANGED)
+                self._wake.set()
+
+    def _read(self, reason: str) -> ConfigUpdate:
+        if self._serving_mounted and self._fallback is not None:
+            if reason in (_API_CHANGED, _MOUNT_CHANGED) and self._mounted is not None:
+                return _with_reason(self._mounted, "mounted copy changed")
+            return self._fallback.read(reason)
+        if not self._exists:
+            problem = Problem("", f"ConfigMap {self.label} does not exist")
+            return ConfigUpdate(None, None, ConfigError([problem]), reason)
+        try:
+            configs = self._parse(self._data or {})
+            name, loaded = select(configs, self._label_value(), self._requested_name)
+        except ConfigError as exc:
+            return ConfigUpdate(None, None, exc, reason)
+        return ConfigUpdate(name, loaded, None, reason)
+
+    def _parse(self, data: Mapping[str, str]) -> NamedConfigs:
+        configs: NamedConfigs = {}
+        problems: list[Problem] = []
+        for key, text in data.items():
+            try:
+                configs[key] = parse_config(text, file=f"{self.label}[{key}]")
+            except ConfigError as exc:
+                problems.extend(exc.problems)
+        if problems:
+            raise ConfigError(problems)
+        if not configs:
+            raise ConfigError([Problem("", f"ConfigMap {self.label} has no data keys")])
+        return configs
+
+    def _remember(self, update: ConfigUpdate) -> ConfigUpdate:
+        self._last = fingerprint(update)
+        return update
+
+
+_API_CHANGED = "ConfigMap changed"
+_MOUNT_CHANGED = "mounted copy changed"
+
+
+def _with_reason(update: ConfigUpdate, reason: str) -> ConfigUpdate:
+    return ConfigUpdate(update.name, update.loaded, update.error, reason)

@@ -1,0 +1,258 @@
+"""Following one Kubernetes object through the API: GET it, then WATCH it, forever.
+
+The plugin follows two objects: its Node (for the config label) and, with `--config-map`, the
+ConfigMap holding its configs. Both need the same watch discipline as client-go's reflector:
+
+- GET first (the state now and its resourceVersion), then WATCH from that version with a field
+  selector on the name, a server-side timeout spread with jitter so a fleet of nodes does not
+  reconnect in lockstep, and a client-side guard a little longer than it (a connection that
+  died without a FIN would otherwise hang the watch for ever).
+- BOOKMARK events only move the resourceVersion; the end of a watch (server timeout) resumes
+  from the last version; `410 Gone` and every failure start again from a fresh GET.
+- Failures back off (0.2 s doubling to 10 s, with jitter); nothing here raises for API trouble.
+  `401`/`403` are logged once per kind as one line that names the missing permission, and
+  every trouble is reported through `on_trouble` (None once the object is seen again), so the
+  daemon can show it in /status.
+
+lightkube (typed, async, kubeconfig with exec plugins, in-cluster service account) is imported
+only when a feature needs the API: a node without `--node-name` or `--config-map` never loads it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import random
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from sharing_plugin.errors import KubeApiError
+
+if TYPE_CHECKING:
+    from lightkube import AsyncClient
+
+log = logging.getLogger(__name__)
+
+SERVICE_ACCOUNT_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
+BACKOFF_S = (0.2, 10.0)
+WATCH_TIMEOUT_S = (300, 600)  # server-side timeout of one watch, picked in this range
+_GUARD_S = 30  # client-side: a watch silent for its timeout plus this long is dead
+
+
+def client_from_environment(
+    environ: Mapping[str, str] | None = None,
+    *,
+    service_account_dir: Path = SERVICE_ACCOUNT_DIR,
+) -> AsyncClient | None:
+    """A client with the in-cluster service account, else `KUBECONFIG` (or ~/.kube/config);
+    None when there is neither. Exec-plugin credentials (EKS, GKE, AKS) work as in kubectl."""
+    from lightkube import AsyncClient, KubeConfig
+
+    env = os.environ if environ is None else environ
+    if (service_account_dir / "token").is_file():
+        source = service_account_dir
+    elif env.get("KUBECONFIG"):
+        source = Path(env["KUBECONFIG"].split(os.pathsep)[0])
+    elif (default := Path.home() / ".kube" / "config").is_file():
+        source = default
+    else:
+        return None
+    try:
+        if source == service_account_dir:
+            config = KubeConfig.from_service_account(service_account_dir)
+        else:
+            config = KubeConfig.from_file(source)
+    except Exception as exc:  # unreadable, not YAML, no current context, ...
+        what = "service account" if source == service_account_dir else "kubeconfig"
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise KubeApiError(f"{what} {source}: cannot read: {first}") from exc
+    return AsyncClient(config=config)
+
+
+def client_from_kubeconfig(path: str | Path) -> AsyncClient:
+    """A client for the kubeconfig file at `path`."""
+    return _client({"KUBECONFIG": str(path)})
+
+
+def _client(environ: Mapping[str, str]) -> AsyncClient:
+    client = client_from_environment(environ, service_account_dir=Path("/nonexistent"))
+    assert client is not None
+    return client
+
+
+@dataclass(frozen=True, slots=True)
+class ObjectRef:
+    """Which object to follow: `kind` is the lightkube resource class (Node, ConfigMap)."""
+
+    kind: Any
+    name: str
+    namespace: str | None = None
+
+    def describe(self) -> str:
+        plural = self.kind._api_info.plural
+        where = f" in namespace {self.namespace}" if self.namespace else ""
+        return f"{plural} {self.name!r}{where}"
+
+
+async def api_status(exc: BaseException) -> tuple[int, str] | None:
+    """(HTTP code, the API server's message) of a refused request; None for other failures.
+
+    lightkube raises `ApiError` (with the decoded Status) for plain requests, but a refused
+    watch surfaces as httpx's `HTTPStatusError` with the Status still in the response body.
+    """
+    import httpx2
+    from lightkube import ApiError
+
+    if isinstance(exc, ApiError):
+        return exc.status.code or 0, exc.status.message or ""
+    if isinstance(exc, httpx2.HTTPStatusError):
+        message = ""
+        try:
+            await exc.response.aread()
+            body = exc.response.json()
+            message = str(body.get("message", "")) if isinstance(body, dict) else ""
+        except Exception:  # a body that is not a Status: the code says enough
+            pass
+        return exc.response.status_code, message
+    return None
+
+
+def trouble_text(
+    ref: ObjectRef, status: tuple[int, str] | None, exc: BaseException, verb: str = "get"
+) -> str:
+    """One line for an admin: what failed, and for 401/403 which permission is missing."""
+    if status is None:
+        return f"reading {ref.describe()}: {type(exc).__name__}: {exc}"
+    code, message = status
+    if code == 401:
+        return f"reading {ref.describe()}: the API server refused the credentials (401): {message}"
+    if code == 403:
+        plural = ref.kind._api_info.plural
+        said = message or f"cannot {verb} resource {plural!r}"
+        return (
+            f"reading {ref.describe()}: forbidden (403): {said}; grant the plugin's service "
+            f"account {verb} on {plural}"
+        )
+    if code == 404:
+        return f"{ref.describe()} does not exist (404)"
+    return f"reading {ref.describe()}: HTTP {code}: {message}"
+
+
+class ObjectFollower:
+    """Calls `on_object` with every new state of one object (None: it does not exist)."""
+
+    def __init__(
+        self,
+        client: AsyncClient,
+        ref: ObjectRef,
+        *,
+        on_object: Callable[[Any | None], None],
+        on_trouble: Callable[[str | None], None] = lambda _: None,
+        watch_timeout_s: tuple[int, int] = WATCH_TIMEOUT_S,
+        backoff_s: tuple[float, float] = BACKOFF_S,
+    ) -> None:
+        self._client = client
+        self.ref = ref
+        self._on_object = on_object
+        self._on_trouble = on_trouble
+        self._watch_timeout_s = watch_timeout_s
+        self._backoff_s = backoff_s
+        self._logged: set[int | str] = set()
+        self.watching = asyncio.Event()  # set while a watch is open
+        self._verb = "get"  # what the follower was doing, to name a missing permission
+
+    async def fetch(self) -> Any | None:
+        """GET the object now; None when it does not exist. Raises KubeApiError."""
+        try:
+            return await self._get()
+        except Exception as exc:
+            status = await api_status(exc)
+            if status is not None and status[0] == 404:
+                return None
+            code = status[0] if status is not None else None
+            raise KubeApiError(trouble_text(self.ref, status, exc), code=code) from None
+
+    async def _get(self) -> Any:
+        if self.ref.namespace is None:
+            return await self._client.get(self.ref.kind, self.ref.name)
+        return await self._client.get(self.ref.kind, self.ref.name, namespace=self.ref.namespace)
+
+    async def run(self) -> None:
+        """Follow the object until cancelled."""
+        delay = self._backoff_s[0]
+        while True:
+            try:
+                await self._follow()
+                delay = self._backoff_s[0]
+                continue  # the watch's time was up: GET again
+            except Exception as exc:  # refusals, connection refused/reset, bad answers
+                status = await api_status(exc)
+                if status is not None and status[0] == 404:
+                    self._on_object(None)
+                code: int | str = status[0] if status is not None else type(exc).__name__
+                text = trouble_text(self.ref, status, exc, self._verb)
+            finally:
+                self.watching.clear()
+            self._report(code, text)
+            await asyncio.sleep(delay * random.uniform(0.8, 1.2))
+            delay = min(delay * 2, self._backoff_s[1])
+
+    def _report(self, code: int | str, text: str) -> None:
+        # Permission and credential problems do not fix themselves: log them once (until
+        # the object is seen again); transient ones at every try, at a lower level.
+        if code in (401, 403):
+            if code not in self._logged:
+                log.error("%s", text)
+                self._logged.add(code)
+        else:
+            log.warning("%s; retrying", text)
+        self._on_trouble(text)
+
+    async def _follow(self) -> None:
+        from lightkube import ApiError
+
+        self._verb = "get"
+        obj = await self._get()
+        self._seen(obj)
+        version = obj.metadata.resourceVersion
+        timeout = random.randint(*self._watch_timeout_s)
+        watch = self._client.watch(
+            self.ref.kind,
+            namespace=self.ref.namespace,
+            fields={"metadata.name": self.ref.name},
+            resource_version=version,
+            server_timeout=timeout,
+        )  # lightkube raises every error of the stream (410 Gone included) to this loop
+        self._verb = "watch"
+        self.watching.set()
+        # lightkube resumes a watch the server ended from the last resourceVersion by itself;
+        # past the server's timeout plus a margin the whole watch is dropped and the object
+        # read again, which also ends a connection that died without a word.
+        guard = asyncio.timeout(timeout + _GUARD_S)
+        try:
+            async with guard:
+                async for kind, event_obj in watch:
+                    if kind == "BOOKMARK":
+                        continue
+                    if kind == "DELETED":
+                        raise ApiError(status=_not_found(self.ref))
+                    self._seen(event_obj)
+        except TimeoutError:
+            if not guard.expired():
+                raise
+
+    def _seen(self, obj: Any) -> None:
+        if self._logged:
+            log.info("%s is readable again", self.ref.describe())
+            self._logged.clear()
+        self._on_trouble(None)
+        self._on_object(obj)
+
+
+def _not_found(ref: ObjectRef) -> Any:
+    from lightkube.models.meta_v1 import Status
+
+    return Status(code=404, message=f"{ref.describe()} was deleted", reason="NotFound")
