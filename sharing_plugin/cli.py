@@ -89,7 +89,21 @@ _RUN_FLAGS: tuple[tuple[str, str, str | None, str], ...] = (
     ("--log-format", "LOG_FORMAT", "text", "text or json"),
     ("--log-level", "LOG_LEVEL", "info", "debug, info, warning or error"),
     ("--config-label", "CONFIG_LABEL", DEFAULT_CONFIG_LABEL, "node label naming the config"),
+    ("--config-map", "CONFIG_MAP", None, "NAMESPACE/NAME: read the ConfigMap through the API"),
+    ("--node-status", "NODE_STATUS", "on", "on or off: events and config state on the Node"),
+    ("--clear-labels-on-exit", "CLEAR_LABELS_ON_EXIT", "off", "on or off: remove them at exit"),
+    ("--labels-file", "LABELS_FILE", None, "NFD feature file to write GFD-compatible labels to"),
+    ("--node-labels", "NODE_LABELS", "off", "on or off: patch those labels onto the Node"),
 )
+
+
+def _on_off(flag: str, value: str) -> bool:
+    word = value.strip().lower()
+    if word in ("on", "true", "1", "yes"):
+        return True
+    if word in ("off", "false", "0", "no"):
+        return False
+    raise ValueError(f"{flag} must be on or off (got {value!r})")
 
 
 def _cmd_validate(args: argparse.Namespace) -> int:
@@ -203,6 +217,9 @@ def _run_options(args: argparse.Namespace) -> RunOptions:
     if args.log_format not in ("text", "json"):
         raise ValueError(f"--log-format must be text or json (got {args.log_format!r})")
     parse_log_level(args.log_level)
+    from sharing_plugin.sources.apiconfig import parse_config_map_ref
+
+    config_map = parse_config_map_ref(args.config_map) if args.config_map else None
     return RunOptions(
         config_path=Path(args.config) if args.config else None,
         config_name=args.config_name or None,
@@ -211,6 +228,11 @@ def _run_options(args: argparse.Namespace) -> RunOptions:
         node_name=args.node_name or None,
         metrics_address=parse_metrics_address(args.metrics_address),
         config_label=args.config_label,
+        config_map=config_map,
+        node_status=_on_off("--node-status", args.node_status),
+        clear_labels_on_exit=_on_off("--clear-labels-on-exit", args.clear_labels_on_exit),
+        labels_file=Path(args.labels_file) if args.labels_file else None,
+        node_labels=_on_off("--node-labels", args.node_labels),
         health_env=HealthEnv.from_environ(os.environ),
     )
 

@@ -26,6 +26,7 @@ from sharing_plugin.config.loader import LoadedConfig
 from sharing_plugin.config.model import Config
 from sharing_plugin.daemon.health_monitor import HealthMonitor
 from sharing_plugin.daemon.kube import ConfigFeed, api_client, config_feed, needs_api
+from sharing_plugin.daemon.labels import LabelPublisher
 from sharing_plugin.daemon.layouts import MigLayouts
 from sharing_plugin.daemon.mig import MigReconciler
 from sharing_plugin.daemon.options import RunOptions
@@ -100,6 +101,7 @@ class Daemon:
         self._layouts: MigLayouts | None = None
         self._label_watcher: NodeLabelWatcher | None = None
         self.report = NodeReport(None)
+        self._labels = LabelPublisher(file=None, reporter=None)
         self._own_client: AsyncClient | None = None  # made here, so closed here
         self.source: ConfigFeed | None = None  # chosen at start, once the API client is known
         self._api_trouble: str | None = None
@@ -195,14 +197,19 @@ class Daemon:
         self._tasks.spawn(self._label_watcher.run(self._on_label), name="node-label", eternal=True)
 
     def _start_node_status(self) -> None:
-        node, client = self.options.node_name, self._kube_client
-        if node is None or client is None or not self.options.node_status:
-            return
-        from sharing_plugin.observability.nodestatus import NodeStatusReporter
+        node, client, options = self.options.node_name, self._kube_client, self.options
+        reporter = None
+        if node is not None and client is not None and (options.node_status or options.node_labels):
+            from sharing_plugin.observability.nodestatus import NodeStatusReporter
 
-        reporter = NodeStatusReporter(client, node)
-        self.report = NodeReport(reporter)
-        self._tasks.spawn(reporter.run(), name="node-status", eternal=True)
+            reporter = NodeStatusReporter(client, node)
+            self._tasks.spawn(reporter.run(), name="node-status", eternal=True)
+        elif options.node_labels:
+            log.warning("--node-labels needs --node-name and Kubernetes credentials: off")
+        self.report = NodeReport(reporter if options.node_status else None)
+        self._labels = LabelPublisher(
+            file=options.labels_file, reporter=reporter if options.node_labels else None
+        )
 
     def _on_label(self, value: str | None) -> None:
         if value == self._label_value:
@@ -235,6 +242,7 @@ class Daemon:
     async def close(self) -> None:
         if self.source is not None:
             self.source.stop()
+        await self._labels.close()
         reporter = self.report.reporter
         if reporter is not None and self.options.clear_labels_on_exit:
             try:
@@ -441,6 +449,7 @@ class Daemon:
                 plan=base,
             )
         change = await self.supervisor.apply(self._effective(config), self._context(config))
+        await self._labels.publish(config, inventory, base)
         log.log(
             logging.DEBUG if retry and change.empty else logging.INFO,
             "config %s applied (%s, generation %d): %s",

@@ -21,6 +21,8 @@ class RunOptions:
     node_name: str | None = None
     node_status: bool = True  # events, state label and annotation on the Node (with node_name)
     clear_labels_on_exit: bool = False
+    labels_file: Path | None = None  # NFD local feature file for GFD-compatible labels
+    node_labels: bool = False  # patch the same labels onto the Node
     metrics_address: tuple[str, int] | None = None
     config_label: str = DEFAULT_CONFIG_LABEL
     drain_recheck_s: float = 2.0  # how often PodResources is asked while devices drain

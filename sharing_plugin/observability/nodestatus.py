@@ -7,6 +7,8 @@ What `kubectl describe node` and `kubectl get events` show an admin after an edi
   ten minutes bumps the first event's `count` instead of creating another, and each reason
   has a token bucket (burst 25, one more every 5 minutes) so an Xid storm or an edit loop
   cannot flood the API server; what the bucket refuses is dropped and counted in the log.
+- With `--node-labels on`, the GFD-compatible labels of the plan, merge-patched so that only
+  the keys this plugin owns change (stale ones are removed).
 - The label `nvidia.com/device-plugin.config.state` = `success` | `failed` | `pending` and the
   annotation `nvidia.com/device-plugin.config` = `NAME@HASH`, merge-patched when they change.
 
@@ -21,9 +23,11 @@ import asyncio
 import datetime as dt
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, cast
+
+from sharing_plugin.plan.labels import owns
 
 if TYPE_CHECKING:
     from lightkube import AsyncClient
@@ -48,6 +52,11 @@ class NodeEvent:
     reason: str
     message: str
     type: EventType = "Normal"
+
+
+@dataclass(frozen=True, slots=True)
+class _Labels:
+    labels: dict[str, str]
 
 
 @dataclass(slots=True)
@@ -77,7 +86,8 @@ class NodeStatusReporter:
         self._client = client
         self.node_name = node_name
         self._clock = clock
-        self._queue: asyncio.Queue[NodeEvent | tuple[State, str | None]] = asyncio.Queue()
+        self._queue: asyncio.Queue[NodeEvent | tuple[State, str | None] | _Labels] = asyncio.Queue()
+        self._owned_on_node: set[str] | None = None  # our labels the Node carries
         self._filed: dict[tuple[str, str], _Filed] = {}
         self._buckets: dict[str, _Bucket] = {}
         self._written: tuple[State | None, str | None] = (None, None)
@@ -92,6 +102,10 @@ class NodeStatusReporter:
         """The config-state label and the `NAME@HASH` annotation (None leaves it as it is)."""
         self._queue.put_nowait((state, config))
 
+    def labels(self, labels: Mapping[str, str]) -> None:
+        """Make the Node carry exactly these of the labels this plugin owns."""
+        self._queue.put_nowait(_Labels(dict(labels)))
+
     async def flush(self) -> None:
         """Wait until everything reported so far has been written (or failed)."""
         await self._queue.join()
@@ -104,6 +118,8 @@ class NodeStatusReporter:
             try:
                 if isinstance(item, NodeEvent):
                     await self._file(item)
+                elif isinstance(item, _Labels):
+                    await self._publish(item.labels)
                 else:
                     await self._patch(*item)
             except asyncio.CancelledError:
@@ -118,6 +134,18 @@ class NodeStatusReporter:
         await self._merge_patch(
             {"labels": {STATE_LABEL: None}, "annotations": {CONFIG_ANNOTATION: None}}
         )
+
+    async def _publish(self, labels: dict[str, str]) -> None:
+        if self._owned_on_node is None:  # first time: what an earlier run left there
+            from lightkube.resources.core_v1 import Node
+
+            node = await self._client.get(Node, self.node_name)
+            present = (node.metadata.labels if node.metadata else None) or {}
+            self._owned_on_node = {key for key in present if owns(key)}
+        stale = self._owned_on_node - labels.keys()
+        patch: dict[str, str | None] = {**dict.fromkeys(stale), **labels}
+        await self._merge_patch({"labels": patch})
+        self._owned_on_node = set(labels)
 
     async def _patch(self, state: State, config: str | None) -> None:
         wanted = (state, config if config is not None else self._written[1])
