@@ -8,6 +8,7 @@ and the shared field types in one place is what keeps them alike.
 
 from __future__ import annotations
 
+import copy
 from enum import StrEnum
 from typing import Annotated, Any
 
@@ -125,16 +126,34 @@ ResourceName = Annotated[
         {
             "type": "string",
             "pattern": RESOURCE_NAME_PATTERN,
+            # kubelet refuses names in the reserved kubernetes.io domain.
+            "not": {"pattern": r"^([^/]*\.)?kubernetes\.io/"},
             "description": "An extended resource name; without '/' it gets 'nvidia.com/'.",
         }
     ),
 ]
 
+
+def _devices_json_schema() -> dict[str, Any]:
+    # Every object of the schema carries a description (editors show it on hover); the
+    # product selector is the one object inside a device list.
+    schema = copy.deepcopy(DEVICES_JSON_SCHEMA)
+    for branch in schema["anyOf"]:
+        for item in branch.get("items", {}).get("anyOf", ()):
+            if "product" in item.get("properties", {}):
+                item.setdefault(
+                    "description",
+                    "Every GPU whose product name, as NVML reports it, matches this glob "
+                    "(only * is a wildcard).",
+                )
+    return schema
+
+
 Devices = Annotated[
     DeviceSelection,
     PlainValidator(parse_devices),
     PlainSerializer(dump_devices),
-    WithJsonSchema(DEVICES_JSON_SCHEMA),
+    WithJsonSchema(_devices_json_schema()),
 ]
 
 Xid = Annotated[StrictInt, Field(ge=0)]

@@ -121,11 +121,34 @@ def _time_slicing_strategy(value: Any) -> Any:
     return value
 
 
+_LIST_STRATEGY = {"type": "string", "enum": [s.value for s in DeviceListStrategy]}
+
 DeviceListStrategies = Annotated[
-    tuple[DeviceListStrategy, ...], BeforeValidator(_one_or_many), Field(min_length=1)
+    tuple[DeviceListStrategy, ...],
+    BeforeValidator(_one_or_many),
+    Field(min_length=1),
+    WithJsonSchema(
+        {
+            "anyOf": [
+                _LIST_STRATEGY,
+                {"type": "array", "items": _LIST_STRATEGY, "minItems": 1},
+            ],
+        }
+    ),
 ]
 
-DiscoveryStrategy = Annotated[DeviceDiscoveryStrategy | None, BeforeValidator(_empty_is_auto)]
+DiscoveryStrategy = Annotated[
+    DeviceDiscoveryStrategy | None,
+    BeforeValidator(_empty_is_auto),
+    WithJsonSchema(
+        {
+            "anyOf": [
+                {"type": "string", "enum": ["", *(s.value for s in DeviceDiscoveryStrategy)]},
+                {"type": "null"},
+            ],
+        }
+    ),
+]
 
 # Optional: gpu-feature-discovery's sleepInterval is only ever read for compatibility.
 GoDuration = Annotated[

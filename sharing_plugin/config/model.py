@@ -19,6 +19,7 @@ from pydantic import (
     StrictBool,
     StrictInt,
     StrictStr,
+    WithJsonSchema,
     field_validator,
     model_validator,
 )
@@ -91,7 +92,11 @@ __all__ = [
 class ResourcePattern(Strict):
     """`{pattern, name}`: devices whose product (or MIG profile) matches are advertised as name."""
 
-    pattern: Annotated[StrictStr, PlainValidator(lambda v: check_pattern(strict_str(v)))]
+    pattern: Annotated[
+        StrictStr,
+        PlainValidator(lambda v: check_pattern(strict_str(v))),
+        WithJsonSchema({"type": "string", "minLength": 1, "pattern": r"^[^?\[\]]*$"}),
+    ]
     """Glob (only `*`) matched against the whole product name or MIG profile."""
     name: ResourceName
     """Resource name to advertise matching devices under."""
@@ -129,7 +134,8 @@ class Sharing(Strict):
     """Advertise shared resources as `<name>.shared` unless an entry sets `rename`."""
     fail_requests_greater_than_one: StrictBool = False
     """Refuse containers that request more than one replica of a shared resource."""
-    resources: tuple[ReplicatedResource, ...]
+    # The check below words the error; the schema says the same to editors.
+    resources: tuple[ReplicatedResource, ...] = Field(json_schema_extra={"minItems": 1})
     """The resources to share; at least one."""
 
     @field_validator("resources", mode="after")
@@ -163,7 +169,9 @@ class SharingSection(Strict):
     """How devices are shared: by time-slicing or by MPS, never both."""
 
     time_slicing: Sharing | None = None
+    """Share by time-slicing: each selected device advertised as several replicas."""
     mps: MpsSharing | None = None
+    """Share through an MPS control daemon, with per-client memory and thread limits."""
 
     @property
     def kind(self) -> SharingKind:
@@ -231,9 +239,14 @@ class Config(Strict):
     version: Literal["v1"] = "v1"
     """Config format version; only v1."""
     flags: Flags = Flags()
+    """Options shared with the reference plugin's command line (MIG strategy, driver roots,
+    how containers are told their devices)."""
     resources: Resources = Resources()
+    """Which resource name each kind of device is advertised under (by product or profile)."""
     sharing: SharingSection = SharingSection()
+    """How devices are shared: time-slicing or MPS; absent: each device advertised once."""
     health: Health = Health()
+    """GPU health checking through NVML Xid events, and recovery."""
     partitioning: Partitioning | None = None
     """Declared MIG layouts; absent: the plugin never changes MIG."""
     imex: Imex | None = None
