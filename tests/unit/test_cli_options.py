@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 import sharing_plugin
-from sharing_plugin.cli import _check_socket_paths, main
+from sharing_plugin.cli import main
+from sharing_plugin.cli.run import check_socket_paths as _check_socket_paths
 from sharing_plugin.daemon.logs import parse_log_level
 from sharing_plugin.errors import KubeletError
 

@@ -1,0 +1,46 @@
+"""The `sharing-plugin` command line: argument parsing, wiring and exit codes.
+
+Exit codes: 0 success, 1 invalid input (config, node), 2 usage error. Nothing below this package
+calls `sys.exit`; errors travel up as exceptions from `sharing_plugin.errors`. One module per
+command (or family of commands), each registering its parser; each imports what only it needs
+when it runs, so `validate` never loads grpc, NVML or the simulators, and `run` starts sooner.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from sharing_plugin.cli import check, demo, plan, run
+from sharing_plugin.cli.common import EXIT_INVALID, EXIT_OK, EXIT_USAGE
+
+__all__ = ["EXIT_INVALID", "EXIT_OK", "EXIT_USAGE", "main"]
+
+
+def _parser() -> argparse.ArgumentParser:
+    from sharing_plugin import __version__
+
+    parser = argparse.ArgumentParser(
+        prog="sharing-plugin",
+        description="Kubernetes device plugin for NVIDIA GPUs: time-slicing, MIG and MPS.",
+    )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for command in (check, plan, run, demo):
+        command.register(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = _parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # argparse exits 2 on usage errors, 0 on --help
+        return int(exc.code or 0)
+    status: int = args.func(args)
+    return status
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())
