@@ -25,7 +25,7 @@ from sharing_plugin.gpus.catalog import MigProfileSpec, model_for
 from sharing_plugin.gpus.inventory import Gpu, Inventory
 from sharing_plugin.mig.desired import RESET_NEEDED, GpuMigAction, Holder, mig_actions
 from sharing_plugin.mig.layout import MigInstance
-from sharing_plugin.mig.state import MigState
+from sharing_plugin.mig.state import MigState, state_of
 from sharing_plugin.nvml.api import NvmlApi
 from sharing_plugin.nvml.discover import discover
 from sharing_plugin.nvml.mig_ops import (
@@ -116,7 +116,7 @@ class MigReconciler:
                     )
                 planned = mig_actions(config, inventory, held)
         states: dict[str, tuple[MigState, str | None]] = {
-            a.gpu.uuid: _state(a) for a in planned.actions
+            a.gpu.uuid: state_of(a) for a in planned.actions
         }
         states.update(failures)
         return MigOutcome(
@@ -216,16 +216,3 @@ class MigReconciler:
         if self._metrics is not None:
             self._metrics.count_mig_operation(name)
         return result
-
-
-def _state(action: GpuMigAction) -> tuple[MigState, str | None]:
-    if action.error is not None:
-        return MigState.ERROR, action.error
-    if action.pending is not None:
-        return MigState.PENDING, action.pending
-    if action.changes:
-        # Applied without an error, yet NVML still shows a different layout.
-        return MigState.ERROR, "after applying, the GPU still differs: " + "; ".join(
-            action.describe()
-        )
-    return MigState.APPLIED, None

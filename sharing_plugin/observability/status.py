@@ -153,7 +153,7 @@ class StatusBoard:
         return self.readiness()[0]
 
     def to_json(self) -> dict[str, Any]:
-        """The `/status` document (DESIGN §3; `ready` and `registered` are extra keys)."""
+        """The `/status` document (docs/contract.md; `ready` and `registered` are extra keys)."""
         config = self._config
         return {
             "ready": self.ready,

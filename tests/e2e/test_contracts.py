@@ -1,4 +1,4 @@
-"""The DESIGN §3 contracts, checked on the real command line: what other tools and admins rely
+"""The contracts of docs/contract.md, checked on the real command line: what other tools and admins rely
 on (output line formats, exit codes, the `plan` JSON shape, the simulated node description
 format, `run`'s env vars, socket names, `/status`, advertised IDs and Allocate answers).
 
@@ -25,7 +25,7 @@ from sharing_plugin.kubelet.api.deviceplugin.v1beta1 import api_pb2 as dp
 from sharing_plugin.kubelet.api.deviceplugin.v1beta1 import api_pb2_grpc as dp_grpc
 from sharing_plugin.sim.kubelet.simulator import KubeletSimulator
 
-# Verbatim from DESIGN §3 "Simulated node description".
+# Verbatim from the contract's "Simulated node description" (docs/contract.md).
 DESIGN_NODE = """\
 gpus:
   - product: NVIDIA A100-SXM4-80GB   # the exact name NVML reports; catalogued models get real MIG rules

@@ -2,7 +2,7 @@
 
 Kubelet is trusted, but a kubelet bug, a version skew or anything else that can reach the socket
 must never take a resource down: every request gets a well-formed answer or INVALID_ARGUMENT
-(DESIGN §3), and afterwards kubelet's ListAndWatch stream is still open and a normal Allocate
+(docs/contract.md), and afterwards kubelet's ListAndWatch stream is still open and a normal Allocate
 still works. The node mixes whole GPUs (link-scored preferred allocation), MIG devices and
 time-sliced MIG replicas, so every allocation path is reached.
 """

@@ -1,4 +1,4 @@
-"""StatusBoard: the /status document (DESIGN §3) and readiness."""
+"""StatusBoard: the /status document (docs/contract.md) and readiness."""
 
 from __future__ import annotations
 
