@@ -483,7 +483,7 @@ async def bench_reload(rounds: int, log: FigureLog) -> None:
     label = await bench_reload_label(rounds)
     print(f"node label change -> kubelet holds new list:     {quantiles(label)}")
     log.add(
-        "reload, API: node label change (fake Node API) -> kubelet holds the new list",
+        "reload, API: node label change (fake kube-apiserver) -> kubelet holds the new list",
         "p50 <= 200 ms, p99 <= 1 s (the API goal)",
         p50_p99_value(label),
     )

@@ -91,7 +91,8 @@ async def bench_label(root: Path, rounds: int) -> list[float]:
     ConfigMapVolume(root, {"default": TEXT.format(1), "a": TEXT.format(2), "b": TEXT.format(3)})
     async with FakeKubeApi() as api:
         api.put_node(NODE, {})
-        client = client_from_kubeconfig(api.kubeconfig(root / "kubeconfig"))
+        # Outside the ConfigMap's directory: a file in it would be read as one more config key.
+        client = client_from_kubeconfig(api.kubeconfig(root.with_name("kubeconfig")))
         watcher = NodeLabelWatcher(NODE, client=client)
         source = ConfigSource(root, label_value=lambda: watcher.value)
         source.read()
