@@ -1,0 +1,101 @@
+"""The CDI spec of one prepared ResourceClaim: what the container runtime injects for its devices.
+
+The DRA plugin answers NodePrepareResources with CDI device IDs; the container runtime resolves
+them from spec files the plugin wrote (docs/contract.md, "DRA mode"). Each claim gets its own
+spec (kind `<driver>/claim`, one CDI device per prepared device, named `<claim uid>-<device>`),
+so unpreparing a claim is deleting one file and claims never share an entry.
+
+The edits are what the device plugin's Allocate answers for the envvar strategy, from the same
+pure `allocate`: `NVIDIA_VISIBLE_DEVICES` with the claim's unique physical UUIDs (or indexes under
+`deviceIDStrategy: index`) in request order, and for MPS the pipe directory env var and mounts.
+Every device of the claim carries the whole claim's list: the runtime merges the edits of the
+devices it injects by env name, so whichever it applies last must say the same thing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Final
+
+from sharing_plugin.config.model import DeviceListStrategy, Flags
+from sharing_plugin.plan.allocate import VISIBLE_DEVICES, allocate, container_ids
+from sharing_plugin.plan.dra import DraDevice
+from sharing_plugin.plan.model import Mount, Plan, ResourcePlan, unique
+
+CDI_VERSION: Final = "0.5.0"  # env and mounts only: understood by every CDI-aware runtime
+CDI_CLASS: Final = "claim"
+
+
+def cdi_kind(driver: str) -> str:
+    return f"{driver}/{CDI_CLASS}"
+
+
+def cdi_device_name(claim_uid: str, device_name: str) -> str:
+    return f"{claim_uid}-{device_name}"
+
+
+def cdi_id(driver: str, claim_uid: str, device_name: str) -> str:
+    """The fully qualified CDI device name the runtime looks up: `<driver>/claim=<uid>-<device>`."""
+    return f"{cdi_kind(driver)}={cdi_device_name(claim_uid, device_name)}"
+
+
+def spec_file_name(driver: str, claim_uid: str) -> str:
+    """The claim's spec file name, as the CDI library names transient specs."""
+    return f"{driver}-{CDI_CLASS}_{claim_uid}.json"
+
+
+def _envvar_flags(flags: Flags) -> Flags:
+    plugin = flags.plugin.model_copy(update={"device_list_strategy": (DeviceListStrategy.ENVVAR,)})
+    return flags.model_copy(update={"plugin": plugin})
+
+
+def _mount(mount: Mount) -> dict[str, Any]:
+    return {
+        "hostPath": mount.host_path,
+        "containerPath": mount.container_path,
+        "options": ["ro" if mount.read_only else "rw", "nosuid", "nodev", "bind"],
+    }
+
+
+def claim_spec(
+    *,
+    driver: str,
+    claim_uid: str,
+    devices: Sequence[DraDevice],
+    plan: Plan,
+    flags: Flags,
+) -> dict[str, Any]:
+    """The CDI spec for a claim that was allocated `devices` (in the claim's result order).
+
+    Raises `AllocationError` where Allocate would refuse the same devices (a resource with
+    `failRequestsGreaterThanOne` and more than one of its replicas in one claim).
+    """
+    envvar = _envvar_flags(flags)
+    by_resource: dict[str, list[DraDevice]] = {}
+    for d in devices:
+        by_resource.setdefault(d.resource, []).append(d)
+    extra: dict[str, tuple[dict[str, str], tuple[Mount, ...]]] = {}
+    for name, group in by_resource.items():
+        resource = plan.resource(name) or ResourcePlan(name=name, devices=())
+        known = ResourcePlan(
+            name=name,
+            devices=tuple(d.device for d in group),
+            sharing=resource.sharing,
+            fail_requests_greater_than_one=resource.fail_requests_greater_than_one,
+        )
+        answer = allocate(known, [d.device.id for d in group], envvar)
+        envs = {k: v for k, v in answer.envs.items() if k != VISIBLE_DEVICES}
+        extra[name] = (envs, answer.mounts)
+    visible = ",".join(
+        unique(container_ids([d.device for d in devices], flags.plugin.device_id_strategy))
+    )
+    cdi_devices = []
+    for d in devices:
+        envs, mounts = extra[d.resource]
+        edits: dict[str, Any] = {
+            "env": [f"{VISIBLE_DEVICES}={visible}", *(f"{k}={v}" for k, v in envs.items())]
+        }
+        if mounts:
+            edits["mounts"] = [_mount(m) for m in mounts]
+        cdi_devices.append({"name": cdi_device_name(claim_uid, d.name), "containerEdits": edits})
+    return {"cdiVersion": CDI_VERSION, "kind": cdi_kind(driver), "devices": cdi_devices}

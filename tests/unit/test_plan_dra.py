@@ -1,0 +1,275 @@
+"""The plan as DRA devices, ResourceSlices and DeviceClasses (docs/contract.md, "DRA mode")."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from plan_factory import T4, config, gpu, mps, node, time_slicing
+from test_plan_properties import nodes, shared_configs
+
+from sharing_plugin.errors import PlanError
+from sharing_plugin.gpus.inventory import Inventory
+from sharing_plugin.plan import plan
+from sharing_plugin.plan.dra import (
+    MAX_DEVICES_PER_SLICE,
+    V1,
+    V1BETA1,
+    PublishedDevice,
+    device_class_name,
+    dns_label,
+    dra_devices,
+    dra_documents,
+    memory_quantity,
+    pool_devices,
+    resource_slices,
+)
+from sharing_plugin.plan.node import plan_node
+
+DRIVER = "gpu.sharing-plugin.io"
+DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
+DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+
+
+def attributes(device: PublishedDevice) -> dict[str, Any]:
+    return {k: next(iter(v.values())) for k, v in device.attributes.items()}
+
+
+def published(cfg_inventory: tuple[Any, Inventory]) -> dict[str, PublishedDevice]:
+    cfg, inventory = cfg_inventory
+    devices = pool_devices(dra_devices(plan(cfg, inventory), inventory))
+    return {d.name: d for d in devices}
+
+
+def test_whole_gpu_device_name_attributes_and_memory() -> None:
+    inventory = node(gpu(0), gpu(1, product=T4))
+    devices = published((config(), inventory))
+    whole = devices["gpu-00000000-0000-4000-8000-000000000000"]
+    assert attributes(whole) == {
+        "resource": "nvidia.com/gpu",
+        "uuid": "GPU-00000000-0000-4000-8000-000000000000",
+        "productName": "NVIDIA A100-SXM4-80GB",
+        "sharing": "none",
+        "index": 0,
+    }
+    assert whole.capacity == {"memory": "80Gi"}
+    assert attributes(devices["gpu-00000001-0000-4000-8000-000000000000"])["productName"] == T4
+
+
+def test_replicas_carry_replica_and_sharing_and_never_the_whole_gpu() -> None:
+    inventory = node(gpu(0), gpu(1))
+    cfg = time_slicing({"name": "gpu", "devices": [0], "replicas": 3}, renameByDefault=True)
+    devices = published((cfg, inventory))
+    assert sorted(devices) == [
+        "gpu-00000000-0000-4000-8000-000000000000-r0",
+        "gpu-00000000-0000-4000-8000-000000000000-r1",
+        "gpu-00000000-0000-4000-8000-000000000000-r2",
+        "gpu-00000001-0000-4000-8000-000000000000",
+    ]
+    r1 = attributes(devices["gpu-00000000-0000-4000-8000-000000000000-r1"])
+    assert r1["resource"] == "nvidia.com/gpu.shared"
+    assert r1["sharing"] == "time-slicing"
+    assert r1["replica"] == 1
+    assert "migProfile" not in r1
+
+
+def test_mig_devices_carry_their_profile_gpu_index_and_own_memory() -> None:
+    inventory = node(gpu(0), gpu(3, migs=("1g.10gb", "3g.40gb")))
+    cfg = config(flags={"migStrategy": "mixed"})
+    devices = published((cfg, inventory))
+    mig = devices["mig-00030001-0000-4000-8000-000000000000"]
+    assert attributes(mig) == {
+        "resource": "nvidia.com/mig-3g.40gb",
+        "uuid": "MIG-00030001-0000-4000-8000-000000000000",
+        "productName": "NVIDIA A100-SXM4-80GB",
+        "sharing": "none",
+        "index": 3,
+        "migProfile": "3g.40gb",
+    }
+    assert mig.capacity == {"memory": memory_quantity(40_000)} == {"memory": "40000Mi"}
+
+
+def test_mps_replicas_say_mps() -> None:
+    devices = published((mps({"name": "gpu", "replicas": 2}), node(gpu(0))))
+    assert {attributes(d)["sharing"] for d in devices.values()} == {"mps"}
+
+
+def test_names_are_stable_when_replicas_change() -> None:
+    inventory = node(gpu(0), gpu(1))
+    two = published((time_slicing({"name": "gpu", "replicas": 2}), inventory))
+    five = published((time_slicing({"name": "gpu", "replicas": 5}), inventory))
+    assert set(two) < set(five)
+    for name, device in two.items():
+        assert five[name] == device
+
+
+def test_memory_quantities_are_canonical() -> None:
+    assert memory_quantity(81_920) == "80Gi"
+    assert memory_quantity(15_360) == "15Gi"
+    assert memory_quantity(9_728) == "9728Mi"
+    assert memory_quantity(1024 * 1024 * 2) == "2Ti"
+    assert memory_quantity(0) == "0Mi"
+
+
+def test_dns_label_cuts_long_names_with_a_hash() -> None:
+    long = dns_label("MIG-planned-" + "x" * 80)
+    assert len(long) == 63 and DNS_LABEL.fullmatch(long)
+    assert long != dns_label("MIG-planned-" + "x" * 81)
+    assert dns_label("GPU-ABC_def") == "gpu-abc-def"
+
+
+def test_slices_split_at_128_devices_with_one_generation_and_count() -> None:
+    inventory = node(*(gpu(i) for i in range(8)))
+    cfg = time_slicing({"name": "gpu", "replicas": 20})
+    devices = pool_devices(dra_devices(plan(cfg, inventory), inventory))
+    slices = resource_slices(devices, node_name="node-a", driver=DRIVER, generation=7)
+    assert [len(s["spec"]["devices"]) for s in slices] == [128, 32]
+    assert [s["metadata"]["name"] for s in slices] == [
+        "node-a-gpu.sharing-plugin.io-0",
+        "node-a-gpu.sharing-plugin.io-1",
+    ]
+    for s in slices:
+        assert s["apiVersion"] == V1 and s["kind"] == "ResourceSlice"
+        assert s["spec"]["pool"] == {"name": "node-a", "generation": 7, "resourceSliceCount": 2}
+        assert s["spec"]["nodeName"] == "node-a"
+        assert s["spec"]["driver"] == DRIVER
+    first = slices[0]["spec"]["devices"][0]
+    assert set(first) == {"name", "attributes", "capacity"}
+    assert first["capacity"]["memory"] == {"value": "80Gi"}
+    assert resource_slices((), node_name="n", driver=DRIVER, generation=1) == []
+
+
+def test_v1beta1_slices_wrap_devices_in_basic() -> None:
+    inventory = node(gpu(0))
+    devices = pool_devices(dra_devices(plan(config(), inventory), inventory))
+    (s,) = resource_slices(devices, node_name="n", driver=DRIVER, generation=1, api_version=V1BETA1)
+    assert s["apiVersion"] == V1BETA1
+    (device,) = s["spec"]["devices"]
+    assert set(device) == {"name", "basic"}
+    assert device["basic"]["attributes"]["index"] == {"int": 0}
+    assert device["basic"]["capacity"] == {"memory": {"value": "80Gi"}}
+
+
+def test_unhealthy_devices_leave_the_pool() -> None:
+    inventory = node(gpu(0), gpu(1))
+    p = plan(time_slicing({"name": "gpu", "replicas": 2}), inventory)
+    sick = p.with_health({"GPU-00000000-0000-4000-8000-000000000000": False})
+    names = [d.name for d in pool_devices(dra_devices(sick, inventory))]
+    assert names == [
+        "gpu-00000001-0000-4000-8000-000000000000-r0",
+        "gpu-00000001-0000-4000-8000-000000000000-r1",
+    ]
+
+
+def test_held_devices_the_plan_dropped_stay_published_unchanged() -> None:
+    inventory = node(gpu(0))
+    before = pool_devices(
+        dra_devices(plan(time_slicing({"name": "gpu", "replicas": 4}), inventory), inventory)
+    )
+    kept = {d.name: d for d in before}
+    held = {"gpu-00000000-0000-4000-8000-000000000000-r3", "gone-elsewhere"}
+    after = pool_devices(
+        dra_devices(plan(time_slicing({"name": "gpu", "replicas": 2}), inventory), inventory),
+        held=held,
+        kept=kept,
+    )
+    assert [d.name for d in after] == [
+        "gpu-00000000-0000-4000-8000-000000000000-r0",
+        "gpu-00000000-0000-4000-8000-000000000000-r1",
+        "gpu-00000000-0000-4000-8000-000000000000-r3",
+    ]
+    assert after[-1] == kept["gpu-00000000-0000-4000-8000-000000000000-r3"]
+
+
+def test_held_but_unhealthy_devices_leave_the_pool_too() -> None:
+    inventory = node(gpu(0))
+    p = plan(config(), inventory).with_health({"GPU-00000000-0000-4000-8000-000000000000": False})
+    devices = dra_devices(p, inventory)
+    kept = {d.name: d.published() for d in devices}
+    assert pool_devices(devices, held=set(kept), kept=kept) == ()
+
+
+def test_published_device_round_trips_through_json() -> None:
+    (device,) = pool_devices(dra_devices(plan(config(), node(gpu(0))), node(gpu(0))))
+    assert PublishedDevice.from_json(device.to_json()) == device
+
+
+def test_device_class_names() -> None:
+    assert device_class_name("nvidia.com/gpu", DRIVER) == "gpu.gpu.sharing-plugin.io"
+    assert device_class_name("nvidia.com/gpu.shared", DRIVER) == "gpu.shared.gpu.sharing-plugin.io"
+    assert (
+        device_class_name("nvidia.com/mig-1g.10gb", DRIVER) == "mig-1g.10gb.gpu.sharing-plugin.io"
+    )
+    assert device_class_name("example.com/a_b", DRIVER) == "a-b.example.com.gpu.sharing-plugin.io"
+
+
+def test_dra_documents_classes_for_plan_and_config_names_then_slices() -> None:
+    inventory = node(gpu(0))
+    cfg = config(
+        resources={"gpus": [{"pattern": "Tesla T4", "name": "gpu.other"}]},
+        sharing={"timeSlicing": {"resources": [{"name": "gpu", "replicas": 2}]}},
+    )
+    docs = dra_documents(cfg, plan_node(cfg, inventory, as_is=True), "node-a", DRIVER)
+    classes = [d for d in docs if d["kind"] == "DeviceClass"]
+    assert [c["metadata"]["name"] for c in classes] == [
+        "gpu.gpu.sharing-plugin.io",
+        "gpu.other.gpu.sharing-plugin.io",
+    ]
+    assert classes[0]["spec"]["selectors"] == [
+        {
+            "cel": {
+                "expression": 'device.driver == "gpu.sharing-plugin.io" && '
+                'device.attributes["gpu.sharing-plugin.io"].resource == "nvidia.com/gpu"'
+            }
+        }
+    ]
+    assert [d["kind"] for d in docs[len(classes) :]] == ["ResourceSlice"]
+    assert all(d["apiVersion"] == V1 for d in docs)
+
+
+def test_a_resource_name_too_long_for_an_attribute_is_refused() -> None:
+    inventory = node(gpu(0))
+    long = "example.com/" + "g" * 60
+    cfg = config(resources={"gpus": [{"pattern": "*", "name": long}]})
+    with pytest.raises(PlanError, match="at most 64 characters"):
+        dra_devices(plan(cfg, inventory), inventory)
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.data())
+def test_every_plan_device_is_one_uniquely_named_dra_device(data: st.DataObject) -> None:
+    inventory = data.draw(nodes())
+    cfg, _ = data.draw(shared_configs(inventory))
+    p = plan(cfg, inventory)
+    devices = dra_devices(p, inventory)
+    assert [d.device for d in devices] == [d for r in p.resources for d in r.devices]
+    names = [d.name for d in devices]
+    assert len(names) == len(set(names))
+    assert all(DNS_LABEL.fullmatch(n) for n in names)
+    generation = data.draw(st.integers(1, 10**6))
+    slices = resource_slices(
+        pool_devices(devices), node_name="node-a", driver=DRIVER, generation=generation
+    )
+    assert all(len(s["spec"]["devices"]) <= MAX_DEVICES_PER_SLICE for s in slices)
+    assert [d["name"] for s in slices for d in s["spec"]["devices"]] == names
+    assert {s["spec"]["pool"]["resourceSliceCount"] for s in slices} <= {len(slices)}
+    for s in slices:
+        assert DNS_SUBDOMAIN.fullmatch(s["metadata"]["name"])
+        for device in s["spec"]["devices"]:
+            assert len(device["attributes"]) + len(device["capacity"]) <= 32
+            assert all(
+                len(v["string"]) <= 64 for v in device["attributes"].values() if "string" in v
+            )
+
+
+@settings(max_examples=30, deadline=None)
+@given(nodes(), st.integers(1, 5), st.integers(0, 5))
+def test_names_survive_replica_increases(inventory: Inventory, low: int, extra: int) -> None:
+    def names(replicas: int) -> set[str]:
+        cfg = time_slicing({"name": "gpu", "replicas": replicas})
+        return {d.name for d in dra_devices(plan(cfg, inventory), inventory)}
+
+    assert names(low) <= names(low + extra)
