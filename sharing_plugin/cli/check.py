@@ -50,6 +50,10 @@ def _cmd_validate(args: argparse.Namespace) -> int:
         for loaded in configs.values():
             for warning in loaded.warnings:
                 print(f"warning: {loaded.file}: {warning}", file=sys.stderr)
+        # Notes say what NVIDIA's plugin binary would do differently with this valid config.
+        for loaded in configs.values():
+            for note in loaded.notes:
+                print(f"info: {loaded.file}: {note}", file=sys.stderr)
         names = [key for key in configs if key is not None]
         listed = f" ({len(names)} configs: {', '.join(names)})" if names else ""
         print(f"{name}: ok{listed}")

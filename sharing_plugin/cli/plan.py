@@ -1,4 +1,8 @@
-"""`plan`: what a config would advertise on a node, without kubelet."""
+"""`plan`: what a config would advertise on a node, or on every node of a cluster, without kubelet.
+
+`--gpus SPEC` plans one node (a table, the JSON document, or the node's labels); `--nodes FILE`
+plans every node `kubectl get nodes -o json` printed, each with the config its label selects.
+"""
 
 from __future__ import annotations
 
@@ -6,39 +10,87 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, TextIO
 
-from sharing_plugin.cli.common import EXIT_INVALID, EXIT_OK, EXIT_USAGE
+from sharing_plugin.cli.common import EXIT_INVALID, EXIT_OK, EXIT_USAGE, STDIN
 from sharing_plugin.errors import ConfigError, PlanError, SharingPluginError
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    from sharing_plugin.config.loader import LoadedConfig, NamedConfigs
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    plan = sub.add_parser("plan", help="show what a config would advertise on a node")
+    plan = sub.add_parser(
+        "plan", help="show what a config would advertise on a node or on every node of a cluster"
+    )
     plan.add_argument(
         "--config", required=True, metavar="PATH", help="config file, manifest or dir"
     )
     plan.add_argument("--config-name", metavar="NAME", help="which named config to use")
-    plan.add_argument(
-        "--gpus", required=True, metavar="SPEC", help="nvml, simulated:PRESET or simulated:PATH"
+    node = plan.add_mutually_exclusive_group(required=True)
+    node.add_argument("--gpus", metavar="SPEC", help="nvml, simulated:PRESET or simulated:PATH")
+    node.add_argument(
+        "--nodes",
+        metavar="NODES.json",
+        help="the output of `kubectl get nodes -o json` (- for stdin): plan every node",
     )
-    plan.add_argument("--format", choices=("table", "json"), default="table")
+    plan.add_argument(
+        "--format",
+        choices=("table", "json", "labels"),
+        default="table",
+        help="labels: the node's GFD-compatible labels, sorted key=value lines (--gpus only)",
+    )
     plan.set_defaults(func=_cmd_plan)
 
 
-def _cmd_plan(args: argparse.Namespace) -> int:
-    from sharing_plugin.backends import backend_from_spec, names_node_file
-    from sharing_plugin.config import select
-    from sharing_plugin.nvml.discover import discover
-    from sharing_plugin.plan.node import plan_node
-    from sharing_plugin.plan.render import plan_json, plan_table
-    from sharing_plugin.sources.files import load_configs, problem_line
+def _print_said(configs: Sequence[LoadedConfig]) -> None:
+    """Warnings, then notes (what NVIDIA's plugin binary would do otherwise), on stderr."""
+    for loaded in configs:
+        for warning in loaded.warnings:
+            print(f"warning: {loaded.file}: {warning}", file=sys.stderr)
+    for loaded in configs:
+        for note in loaded.notes:
+            print(f"info: {loaded.file}: {note}", file=sys.stderr)
+
+
+def _load(args: argparse.Namespace, problems_to: TextIO) -> NamedConfigs | int:
+    """The configs at --config, or the exit code after saying why not."""
+    from sharing_plugin.sources.files import load_configs
 
     if not Path(args.config).exists():  # as validate: a path that is not there is a usage error
         print(f"sharing-plugin plan: {args.config}: no such file or directory", file=sys.stderr)
         return EXIT_USAGE
-    # With --format json, stdout is the JSON document or nothing: problem lines go to stderr.
-    problems_to = sys.stderr if args.format == "json" else sys.stdout
     try:
-        configs = load_configs(Path(args.config))
+        return load_configs(Path(args.config))
+    except ConfigError as exc:
+        for problem in exc.problems:
+            print(problem if problem.file else f"{args.config}: {problem}", file=problems_to)
+        return EXIT_INVALID
+
+
+def _cmd_plan(args: argparse.Namespace) -> int:
+    if args.nodes is not None:
+        return _plan_fleet(args)
+    return _plan_node(args)
+
+
+def _plan_node(args: argparse.Namespace) -> int:
+    from sharing_plugin.backends import backend_from_spec, names_node_file
+    from sharing_plugin.config import select
+    from sharing_plugin.nvml.discover import discover
+    from sharing_plugin.plan.labels import labels, render_labels
+    from sharing_plugin.plan.node import plan_node
+    from sharing_plugin.plan.render import plan_json, plan_table
+    from sharing_plugin.sources.files import problem_line
+
+    # With --format json or labels, stdout is that output or nothing: problem lines go to stderr.
+    problems_to = sys.stdout if args.format == "table" else sys.stderr
+    configs = _load(args, problems_to)
+    if isinstance(configs, int):
+        return configs
+    try:
         name, loaded = select(configs, None, args.config_name)
     except ConfigError as exc:
         for problem in exc.problems:
@@ -65,22 +117,78 @@ def _cmd_plan(args: argparse.Namespace) -> int:
         for problem in exc.problems:
             print(problem_line(problem, file=args.config, config_name=name), file=problems_to)
         return EXIT_INVALID
-    for warning in loaded.warnings:
-        print(f"warning: {loaded.file}: {warning}", file=sys.stderr)
+    _print_said([loaded])
     if node.problems:
         for problem in node.problems:
             print(problem_line(problem, file=args.config, config_name=name), file=problems_to)
         return EXIT_INVALID
     result, warnings = node.plan, list(node.warnings)
-    if args.format == "json":
+    if args.format == "labels":
+        # The node as its declared MIG layouts will leave it, as the JSON's resources are.
+        for warning in warnings:
+            print(f"warning: {loaded.locate(warning)}", file=sys.stderr)
+        sys.stdout.write(render_labels(labels(config, node)))
+    elif args.format == "json":
         layouts = [action.to_json() for action in node.actions]
         # Every warning about a config entry carries its FILE:LINE:COL:, as problems do.
         located = [*loaded.located_warnings, *map(loaded.locate, warnings)]
         document = plan_json(
             result, config_name=name, mig=layouts, warnings=located, locate=loaded.locate
         )
+        document["notes"] = list(loaded.located_notes)
         print(json.dumps(document, indent=2))
     else:
         lines = [line for action in node.actions for line in action.lines()]
         print(plan_table(result, config_name=name, mig=lines, warnings=warnings))
     return EXIT_OK
+
+
+def _read_nodes(name: str) -> Any:
+    """The parsed nodes document; raises OSError, or ValueError when it is not JSON."""
+    data = sys.stdin.buffer.read() if name == STDIN else Path(name).read_bytes()
+    try:
+        return json.loads(data)
+    except RecursionError:
+        raise ValueError("nested too deeply") from None
+
+
+def _plan_fleet(args: argparse.Namespace) -> int:
+    from sharing_plugin.plan.fleet import NodesDocumentError, fleet_json, fleet_table, fleet_view
+    from sharing_plugin.sources.files import problem_line
+
+    if args.format == "labels":
+        print(
+            "sharing-plugin plan: --format labels is one node's labels: give --gpus, not --nodes",
+            file=sys.stderr,
+        )
+        return EXIT_USAGE
+    if args.nodes != STDIN and not Path(args.nodes).exists():
+        print(f"sharing-plugin plan: {args.nodes}: no such file or directory", file=sys.stderr)
+        return EXIT_USAGE
+    configs = _load(args, sys.stdout if args.format == "table" else sys.stderr)
+    if isinstance(configs, int):
+        return configs
+    try:
+        document = _read_nodes(args.nodes)
+    except OSError as exc:
+        print(f"sharing-plugin plan: {args.nodes}: cannot read: {exc.strerror}", file=sys.stderr)
+        return EXIT_INVALID
+    except ValueError as exc:
+        print(f"sharing-plugin plan: {args.nodes}: not JSON: {exc}", file=sys.stderr)
+        return EXIT_INVALID
+    try:
+        view = fleet_view(
+            document,
+            configs,
+            requested_name=args.config_name,
+            problem_line=lambda p, name: problem_line(p, file=args.config, config_name=name),
+        )
+    except NodesDocumentError as exc:
+        print(f"sharing-plugin plan: {args.nodes}: {exc}", file=sys.stderr)
+        return EXIT_INVALID
+    _print_said(list(configs.values()))
+    if args.format == "json":
+        print(json.dumps(fleet_json(view), indent=2))
+    else:
+        print(fleet_table(view))
+    return EXIT_INVALID if view.has_errors else EXIT_OK

@@ -24,10 +24,11 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
+from sharing_plugin.config.compat import without_nulls
 from sharing_plugin.config.locate import Origin, Remap, block_remap, entry_said, joined
 from sharing_plugin.config.messages import validation_problems
 from sharing_plugin.config.model import DEFAULT_IGNORED_XIDS, Config
-from sharing_plugin.config.rules import config_warnings
+from sharing_plugin.config.rules import config_notes, config_warnings
 from sharing_plugin.config.yamldoc import Document, Mark, YamlProblem, decode, read
 from sharing_plugin.errors import ConfigError, Problem
 
@@ -45,7 +46,9 @@ class LoadedConfig:
     """A validated config, what is suspicious about it, and a hash of the text it came from.
 
     `warnings` read `[prefix: ]path: message`; `located_warnings` are the same warnings led by
-    the `FILE:LINE:COL:` of the entry they are about.
+    the `FILE:LINE:COL:` of the entry they are about. `notes` (and `located_notes`) are written
+    the same way and say what this config does here that NVIDIA's plugin binary would not:
+    information, not a fault.
     """
 
     config: Config
@@ -53,6 +56,8 @@ class LoadedConfig:
     source_hash: str
     file: str
     located_warnings: tuple[str, ...] = ()
+    notes: tuple[str, ...] = ()
+    located_notes: tuple[str, ...] = ()
     origin: Origin | None = field(default=None, compare=False, repr=False)
 
     def locate(self, said: str) -> str:
@@ -77,15 +82,6 @@ def _hash(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def _without_nulls(value: Any) -> Any:
-    """`key:` with nothing after it means "not set", as in the reference's Go decoder."""
-    if isinstance(value, dict):
-        return {k: _without_nulls(v) for k, v in value.items() if v is not None}
-    if isinstance(value, list):
-        return [_without_nulls(v) for v in value]
-    return value
-
-
 def _config(doc: Document, *, file: str, prefix: str = "", remap: Remap = lambda m: m) -> Config:
     """Validate a composed document as a Config; problems carry `prefix` and remapped marks."""
 
@@ -105,7 +101,7 @@ def _config(doc: Document, *, file: str, prefix: str = "", remap: Remap = lambda
             ]
         )
     try:
-        return Config.model_validate(_without_nulls(doc.value), by_alias=True, by_name=False)
+        return Config.model_validate(without_nulls(doc.value), by_alias=True, by_name=False)
     except ValidationError as exc:
         raise ConfigError(
             [
@@ -126,13 +122,26 @@ def _read_doc(
         ) from None
 
 
-def _loaded(config: Config, data: bytes, origin: Origin) -> LoadedConfig:
-    warnings = config_warnings(config)
-    located = [origin.line(*(entry_said(w) or ("", w))) for w in warnings]
+def _said(origin: Origin, said: list[str]) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """`said` (each `path: message`) as `[prefix: ]path: message`, and at the entry's line."""
+    located = tuple(origin.line(*(entry_said(s) or ("", s))) for s in said)
     if origin.prefix:
-        warnings = [f"{origin.prefix}: {w}" for w in warnings]
+        said = [f"{origin.prefix}: {s}" for s in said]
+    return tuple(said), located
+
+
+def _loaded(config: Config, data: bytes, origin: Origin) -> LoadedConfig:
+    warnings, located = _said(origin, config_warnings(config))
+    notes, located_notes = _said(origin, config_notes(config))
     return LoadedConfig(
-        config, tuple(warnings), _hash(data), origin.file, tuple(located), origin=origin
+        config,
+        warnings,
+        _hash(data),
+        origin.file,
+        located,
+        notes=notes,
+        located_notes=located_notes,
+        origin=origin,
     )
 
 

@@ -434,6 +434,8 @@ class Daemon:
             self._generation += 1
             for warning in (*(loaded.warnings if loaded else ()), *base.warnings):
                 log.warning("config: %s", warning)
+            for note in loaded.notes if loaded else ():
+                log.info("config: %s", note)
         retry = reason in _REAPPLY
         if not retry:  # a retry is no reload: it must not clear lastError nor count as one
             self.status.set_config(

@@ -241,3 +241,24 @@ def test_plan_of_a_stream_points_into_the_stream(
     assert line.startswith(
         f"{path}:11:43: data.default: sharing.timeSlicing.resources[0].devices[0]: GPU 9"
     )
+
+
+def test_notes_follow_the_warnings_and_are_in_the_json(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = tmp_path / "c.yaml"
+    config.write_text(
+        "flags:\n  gdsEnabled: true\nsharing:\n  timeSlicing:\n    resources:\n"
+        "      - name: nvidia.com/gpu\n        rename: gpu.ts\n        replicas: 2\n"
+    )
+    args = ["plan", "--config", str(config), "--gpus", "simulated:t4x4"]
+    assert main(args) == 0
+    table_err = capsys.readouterr().err
+    assert main([*args, "--format", "json"]) == 0
+    out, err = capsys.readouterr()
+    assert err == table_err
+    warning, info = err.splitlines()
+    assert warning.startswith(f"warning: {config}: flags.gdsEnabled: ")
+    assert info.startswith(f"info: {config}: sharing.timeSlicing.resources[0].rename: honoured")
+    (note,) = json.loads(out)["notes"]
+    assert note == f"{config}:7:9: " + info.removeprefix(f"info: {config}: ")

@@ -30,7 +30,8 @@ def test_every_example_validates(path: Path, capsys: pytest.CaptureFixture[str])
     assert main(["validate", str(path)]) == 0
     out, err = capsys.readouterr()
     assert out == f"{path}: ok" + out.split(": ok", 1)[1]
-    assert err == ""
+    # No warnings; notes (what NVIDIA's plugin binary would do otherwise) may be said.
+    assert all(line.startswith(f"info: {path}: ") for line in err.splitlines())
 
 
 def test_deploy_configmap_has_named_configs() -> None:
@@ -68,6 +69,23 @@ def test_warnings_go_to_stderr_and_keep_exit_0(
         err
         == f"warning: {path}: flags.gdsEnabled: accepted for compatibility; has no effect here\n"
     )
+
+
+def test_notes_go_to_stderr_after_the_warnings_and_keep_exit_0(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text(
+        "flags:\n  gdsEnabled: true\nsharing:\n  timeSlicing:\n    resources:\n"
+        "      - name: nvidia.com/gpu\n        rename: gpu.ts\n        replicas: 2\n"
+    )
+    assert main(["validate", str(path)]) == 0
+    out, err = capsys.readouterr()
+    assert out == f"{path}: ok\n"
+    warning, info = err.splitlines()
+    assert warning.startswith(f"warning: {path}: flags.gdsEnabled: ")
+    assert info.startswith(f"info: {path}: sharing.timeSlicing.resources[0].rename: ")
+    assert "advertises nvidia.com/gpu, not nvidia.com/gpu.ts" in info
 
 
 def test_hostile_input_is_one_line_not_a_traceback(

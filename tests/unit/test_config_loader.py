@@ -175,7 +175,7 @@ def test_select_plain_file_ignores_names() -> None:
 
 
 def test_empty_sections_mean_not_set() -> None:
-    loaded = parse_config("version: v1\nflags:\nsharing:\n  timeSlicing:\n", file="c.yaml")
+    loaded = parse_config("version: v1\nflags:\nsharing:\n  mps:\n", file="c.yaml")
     assert loaded.config.sharing.active is None
 
 
@@ -231,6 +231,21 @@ def test_warnings_in_a_manifest_are_at_the_manifest_line() -> None:
     assert configs["a"].warnings == (
         "data.a: flags.gdsEnabled: accepted for compatibility; has no effect here",
     )
+
+
+def test_notes_say_what_the_reference_binary_would_not_do_located_like_warnings() -> None:
+    configs = parse_configs(
+        "kind: ConfigMap\ndata:\n  a: |\n    sharing:\n      timeSlicing:\n"
+        "        resources:\n        - name: gpu\n          rename: gpu.ts\n"
+        "          replicas: 2\n  b: 'version: v1'\n",
+        file="cm.yaml",
+    )
+    (note,) = configs["a"].notes
+    assert note.startswith("data.a: sharing.timeSlicing.resources[0].rename: ")
+    assert "advertises nvidia.com/gpu, not nvidia.com/gpu.ts" in note
+    assert configs["a"].located_notes == (f"cm.yaml:8:11: {note}",)
+    assert configs["a"].warnings == ()  # a note is not a warning
+    assert configs["b"].notes == configs["b"].located_notes == ()
 
 
 # --- multi-document streams ------------------------------------------------------------------

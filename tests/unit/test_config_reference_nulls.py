@@ -129,15 +129,9 @@ def test_several_empty_keys_are_reported_together() -> None:
     ]
 
 
-# Through the loader, once it reads nulls with `compat.without_nulls` instead of its own
-# `_without_nulls` (a one-line change in the loader); until then these fail, and `strict` makes
-# the first run after the change fail too, so that this mark is removed with it.
-LOADER = pytest.mark.xfail(
-    strict=True, reason="the loader does not read nulls with compat.without_nulls yet"
-)
+# Through the loader, which reads nulls with `compat.without_nulls`.
 
 
-@LOADER
 @pytest.mark.parametrize("name", list(REFUSED))
 def test_the_loader_refuses_them_too(name: str) -> None:
     text, where, path, says = REFUSED[name]
@@ -148,7 +142,6 @@ def test_the_loader_refuses_them_too(name: str) -> None:
     assert problem.message.startswith(says)
 
 
-@LOADER
 def test_the_loader_locates_them_in_a_configmap() -> None:
     manifest = (
         "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: c}\ndata:\n"
