@@ -10,6 +10,7 @@
     ├── KubeletError         registration or socket trouble with kubelet
     ├── KubeApiError         the Kubernetes API refused or failed a request (node label watch)
     ├── MetricsServerError   the metrics/health HTTP address cannot be listened on
+    ├── MpsError             the MPS control binary failed, or its daemon does not answer
     └── StartupError         the daemon cannot start at all (GPUs unreadable with failOnInitError)
 
 Library errors are translated at the adapter boundary (`raise ... from exc`); only the entry point
@@ -97,6 +98,10 @@ class KubeApiError(SharingPluginError):
 
 class MetricsServerError(SharingPluginError):
     """The metrics/health HTTP server cannot listen on its address (in use, not local, ...)."""
+
+
+class MpsError(SharingPluginError):
+    """The MPS control binary failed or is missing, or its daemon does not answer."""
 
 
 class StartupError(SharingPluginError):

@@ -190,7 +190,7 @@ def plan(config: Config, inventory: Inventory, *, health: Mapping[str, bool] | N
     trap = plan_envvar_trap(config, [r.name for r in resources if r.devices])
     if trap is not None:
         warnings.append(trap)
-    result = Plan(resources=resources, warnings=tuple(warnings))
+    result = Plan(resources=resources, warnings=tuple(warnings), mps=shared.mps)
     if health and config.health.enabled and not all(health.values()):
         result = result.with_health(health)
     return result

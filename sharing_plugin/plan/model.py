@@ -15,6 +15,7 @@ from typing import NewType
 
 from sharing_plugin.config.model import SharingKind
 from sharing_plugin.gpus.inventory import GpuUuid
+from sharing_plugin.plan.mps import MpsDaemon
 
 DeviceId = NewType("DeviceId", str)
 """An ID kubelet sees: ``GPU-…``, ``MIG-…`` or ``<uuid>::<n>`` for replica n."""
@@ -126,6 +127,7 @@ class Plan:
 
     resources: tuple[ResourcePlan, ...]
     warnings: tuple[str, ...] = ()
+    mps: tuple[MpsDaemon, ...] = ()  # the MPS control daemon of each MPS resource
     _by_name: dict[str, ResourcePlan] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:

@@ -27,6 +27,7 @@ from sharing_plugin.config.names import glob_matches
 from sharing_plugin.errors import Problem
 from sharing_plugin.gpus.inventory import Inventory
 from sharing_plugin.plan.model import ResourcePlan, VirtualDevice, replica_id
+from sharing_plugin.plan.mps import MpsDaemon, MpsGpu, MpsShare, mps_daemon
 
 BaseDevices = dict[str, list[VirtualDevice]]
 """Resource name -> its devices before sharing, in GPU then MIG index order."""
@@ -49,6 +50,7 @@ class Shared:
     sources: dict[str, str]  # resource name -> path of the first sharing entry producing it
     problems: tuple[Problem, ...] = ()
     warnings: tuple[str, ...] = ()
+    mps: tuple[MpsDaemon, ...] = ()  # one control daemon per MPS resource
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,6 +58,7 @@ class _Share:
     target: str
     replicas: int
     path: str
+    mps: MpsShare | None = None
 
 
 def _device_order(device: VirtualDevice) -> tuple[int, int, int]:
@@ -261,7 +264,12 @@ def apply_sharing(
                     )
                 )
                 continue
-            shares[d.physical] = _Share(target, entry.replicas, path)
+            shares[d.physical] = _Share(
+                target,
+                entry.replicas,
+                path,
+                mps=MpsShare(entry.replicas) if kind is SharingKind.MPS else None,
+            )
 
     out: dict[str, list[VirtualDevice]] = {}
     feeds: dict[str, set[str]] = {}
@@ -294,4 +302,29 @@ def apply_sharing(
         sources,
         problems=tuple(problems),
         warnings=tuple(warnings),
+        mps=_mps_daemons(out, shares, inventory, config.flags.mps_root),
     )
+
+
+def _mps_daemons(
+    resources: dict[str, list[VirtualDevice]],
+    shares: dict[str, _Share],
+    inventory: Inventory,
+    mps_root: str,
+) -> tuple[MpsDaemon, ...]:
+    """One control daemon per resource that holds MPS replicas, over their GPUs."""
+    daemons = []
+    for name in sorted(resources):
+        gpus: dict[str, MpsGpu] = {}
+        for d in resources[name]:
+            share = shares.get(d.physical)
+            gpu = inventory.gpu(d.gpu_uuid)
+            if share is None or share.mps is None or gpu is None or d.is_mig:
+                continue
+            gpus.setdefault(
+                gpu.uuid,
+                MpsGpu(uuid=gpu.uuid, index=gpu.index, memory_mib=gpu.memory_mib, share=share.mps),
+            )
+        if gpus:
+            daemons.append(mps_daemon(name, mps_root=mps_root, gpus=list(gpus.values())))
+    return tuple(daemons)

@@ -1,0 +1,138 @@
+"""MPS control daemons as values: one per MPS resource, over its GPUs, with its client limits.
+
+Each resource shared through MPS gets its own control daemon, with its pipe and log directories
+under `flags.mpsRoot/<resource>` (where Allocate mounts the pipe directory from), serving the
+GPUs behind the resource in `CUDA_VISIBLE_DEVICES` order. The limits are the reference's
+(docs/contract.md, "MPS"): each client may pin GPU memory / replicas of a device (in whole MiB,
+as the reference writes `<n>M`) and use 100 / replicas percent of its threads, unless the
+sharing entry sets `pinnedMemoryLimit` or `activeThreadPercentage`. MPS has one default thread
+percentage per daemon, so a resource whose GPUs have different replica counts gets the
+smallest share, the one every client fits in. The pinned memory limit is set per device, by
+its ordinal among the daemon's visible devices: that is how MPS numbers devices once
+`CUDA_VISIBLE_DEVICES` is set.
+
+`fingerprint` names what a running daemon was started for: the control side restarts a daemon
+only when it changes, and adopts one whose fingerprint matches after its own restart.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+PIPE = "pipe"
+LOG = "log"
+
+
+def resource_root(mps_root: str, resource: str) -> str:
+    """`<mpsRoot>/<resource>`: the directory holding one resource's pipe and log directories."""
+    return f"{mps_root.rstrip('/')}/{resource}"
+
+
+@dataclass(frozen=True, slots=True)
+class MpsShare:
+    """What one sharing entry asks of one GPU: its replicas and any explicit limits."""
+
+    replicas: int
+    active_thread_percentage: int | None = None
+    pinned_memory_mib: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class MpsDevice:
+    """One GPU under a control daemon, and the memory each of its clients may pin."""
+
+    uuid: str
+    index: int  # the GPU's NVML index, for messages
+    memory_mib: int
+    replicas: int
+    pinned_memory_mib: int
+
+    @property
+    def pinned_memory_limit(self) -> str:
+        """The value `set_default_device_pinned_mem_limit` takes, e.g. ``20480M``."""
+        return f"{self.pinned_memory_mib}M"
+
+
+@dataclass(frozen=True, slots=True)
+class MpsDaemon:
+    """One MPS control daemon: which resource, which GPUs, which limits, where its pipes are."""
+
+    resource: str
+    root: str  # <mpsRoot>/<resource>
+    devices: tuple[MpsDevice, ...]
+    active_thread_percentage: int
+
+    @property
+    def pipe_directory(self) -> str:
+        return f"{self.root}/{PIPE}"
+
+    @property
+    def log_directory(self) -> str:
+        return f"{self.root}/{LOG}"
+
+    @property
+    def gpus(self) -> tuple[str, ...]:
+        """`CUDA_VISIBLE_DEVICES`, in order: device ordinal i is `gpus[i]`."""
+        return tuple(d.uuid for d in self.devices)
+
+    def limits(self) -> dict[str, Any]:
+        """The limits as `/status` and the daemon's state file show them."""
+        return {
+            "activeThreadPercentage": self.active_thread_percentage,
+            "pinnedMemoryLimits": {d.uuid: d.pinned_memory_limit for d in self.devices},
+        }
+
+    @property
+    def fingerprint(self) -> str:
+        """Stable across processes: what the daemon was started for (GPUs and limits)."""
+        text = json.dumps(
+            {"gpus": self.gpus, **self.limits(), "root": self.root}, sort_keys=True
+        ).encode()
+        return hashlib.sha256(text).hexdigest()[:16]
+
+
+@dataclass(frozen=True, slots=True)
+class MpsGpu:
+    """A GPU of an MPS resource, as the sharing step saw it."""
+
+    uuid: str
+    index: int
+    memory_mib: int
+    share: MpsShare
+
+
+def mps_daemon(resource: str, *, mps_root: str, gpus: Sequence[MpsGpu]) -> MpsDaemon:
+    """The control daemon of `resource` over `gpus` (in advertised order), with its limits."""
+    devices = tuple(
+        MpsDevice(
+            uuid=g.uuid,
+            index=g.index,
+            memory_mib=g.memory_mib,
+            replicas=g.share.replicas,
+            pinned_memory_mib=(
+                g.share.pinned_memory_mib
+                if g.share.pinned_memory_mib is not None
+                else g.memory_mib // g.share.replicas
+            ),
+        )
+        for g in gpus
+    )
+    threads = min(
+        (
+            g.share.active_thread_percentage
+            if g.share.active_thread_percentage is not None
+            else max(1, 100 // g.share.replicas)
+            for g in gpus
+        ),
+        default=100,
+    )
+    return MpsDaemon(
+        resource=resource,
+        root=resource_root(mps_root, resource),
+        devices=devices,
+        active_thread_percentage=threads,
+    )

@@ -1,0 +1,59 @@
+"""A stand-in for `nvidia-cuda-mps-control`, run as a real process by tests and the demo.
+
+The MPS control daemon is an outside program the plugin drives through its command line: `-d`
+starts it in the background for the GPUs in `CUDA_VISIBLE_DEVICES`, with its pipes in
+`CUDA_MPS_PIPE_DIRECTORY` and its logs in `CUDA_MPS_LOG_DIRECTORY`; without `-d` the command
+reads control commands from stdin and sends each to the daemon of that pipe directory. This
+package implements that surface as a separate executable (`python -m sharing_plugin.sim.mps`,
+or the wrapper script `write_wrapper` makes for `--mps-control-bin`), so the production adapter
+that spawns the binary is what the tests exercise, down to processes that die.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from sharing_plugin.sim.mps.control import CONTROL_SOCKET, PID_FILE
+
+__all__ = ["CONTROL_SOCKET", "PID_FILE", "alive", "pid_of", "write_wrapper"]
+
+WRAPPER_NAME = "nvidia-cuda-mps-control"
+
+
+def write_wrapper(directory: Path, *, python: str = sys.executable) -> Path:
+    """An executable `directory/nvidia-cuda-mps-control` that runs the simulator.
+
+    A script rather than a console entry point: the simulator must not be installed on a real
+    node's PATH where it could shadow the real binary.
+    """
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / WRAPPER_NAME
+    # -S is not used: the package is found through the interpreter's site-packages (editable
+    # installs included); -I would drop the environment the daemon is configured by.
+    path.write_text(
+        f'#!/bin/sh\nexec {_quote(python)} -m sharing_plugin.sim.mps "$@"\n', encoding="utf-8"
+    )
+    path.chmod(0o755)
+    return path
+
+
+def _quote(text: str) -> str:
+    return "'" + text.replace("'", "'\"'\"'") + "'"
+
+
+def pid_of(pipe_directory: Path) -> int | None:
+    """The pid the simulated daemon of `pipe_directory` wrote, if any (for tests)."""
+    try:
+        return int((pipe_directory / PID_FILE).read_text(encoding="utf-8").strip())
+    except (OSError, ValueError):
+        return None
+
+
+def alive(pid: int) -> bool:
+    """Whether `pid` runs and is not a zombie (for tests)."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="utf-8") as stat:
+            return stat.read().rpartition(")")[2].split()[0] != "Z"
+    except OSError:
+        return False

@@ -1,0 +1,135 @@
+"""`mps-control` in-process, driving the simulated control binary as real processes."""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from daemon_harness import node_file
+from mps_harness import (
+    TWO_GPUS,
+    controller,
+    daemon_pid,
+    eventually_record,
+    limits_of,
+    mps_config,
+    pipe_of,
+    reap_daemons,
+    record,
+    resource_root,
+)
+
+from sharing_plugin.mps import DaemonState, process_alive
+from sharing_plugin.sim.mps import write_wrapper
+
+
+@pytest.fixture
+def binary(short_dir: Path) -> Iterator[Path]:
+    yield write_wrapper(short_dir / "bin")
+    reap_daemons(short_dir)
+
+
+@pytest.fixture
+def gpus(short_dir: Path) -> str:
+    return f"simulated:{node_file(short_dir, TWO_GPUS)}"
+
+
+def write(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text, encoding="utf-8")
+    tmp.replace(path)
+
+
+async def test_starts_one_daemon_with_the_reference_limits(
+    short_dir: Path, binary: Path, gpus: str
+) -> None:
+    mps_root = short_dir / "mps"
+    config = short_dir / "config.yaml"
+    config.write_text(mps_config(mps_root, replicas=4))
+    async with controller(config, binary, gpus=gpus):
+        found = await eventually_record(mps_root, lambda r: r.state is DaemonState.READY)
+        pid = daemon_pid(mps_root)
+        assert found.pid == pid and pid is not None and process_alive(pid)
+        # 40 GB and 80 GB A100s (40960 and 81920 MiB) with 4 replicas each: memory / 4 per
+        # client, 100 / 4 percent of the threads.
+        assert limits_of(binary, pipe_of(mps_root), 2) == ("25.0", ["10240M", "20480M"])
+        assert found.limits["activeThreadPercentage"] == 25
+        assert list(found.limits["pinnedMemoryLimits"].values()) == ["10240M", "20480M"]
+        assert (resource_root(mps_root) / "log" / "control.log").exists()
+
+
+async def test_a_dead_daemon_is_restarted(short_dir: Path, binary: Path, gpus: str) -> None:
+    mps_root = short_dir / "mps"
+    config = short_dir / "config.yaml"
+    config.write_text(mps_config(mps_root, replicas=2))
+    async with controller(config, binary, gpus=gpus):
+        first = await eventually_record(mps_root, lambda r: r.state is DaemonState.READY)
+        assert first.pid is not None
+        os.kill(first.pid, signal.SIGKILL)
+        again = await eventually_record(
+            mps_root, lambda r: r.state is DaemonState.READY and r.pid != first.pid
+        )
+        assert again.restarts == 1
+        assert again.pid is not None and process_alive(again.pid)
+        assert limits_of(binary, pipe_of(mps_root), 2) == ("50.0", ["20480M", "40960M"])
+
+
+async def test_reload_restarts_only_a_changed_daemon_and_adoption_keeps_it(
+    short_dir: Path, binary: Path, gpus: str
+) -> None:
+    mps_root = short_dir / "mps"
+    config = short_dir / "config.yaml"
+    config.write_text(mps_config(mps_root, replicas=4))
+    async with controller(config, binary, gpus=gpus) as running:
+        first = await eventually_record(mps_root, lambda r: r.state is DaemonState.READY)
+        write(config, mps_config(mps_root, replicas=4) + "# same meaning\n")
+        await running.next_update()
+        assert daemon_pid(mps_root) == first.pid
+
+        write(config, mps_config(mps_root, replicas=2))
+        await running.next_update()
+        second = await eventually_record(
+            mps_root, lambda r: r.state is DaemonState.READY and r.pid != first.pid
+        )
+        assert first.pid is not None and not process_alive(first.pid)
+        assert limits_of(binary, pipe_of(mps_root), 2) == ("50.0", ["20480M", "40960M"])
+        assert second.restarts == 0  # replaced on purpose, not a crash
+
+    # mps-control stopped: the daemon keeps serving, and the next one adopts it.
+    assert second.pid is not None and process_alive(second.pid)
+    log = resource_root(mps_root) / "log" / "control.log"
+    starts = log.read_text().count("Startup")
+    async with controller(config, binary, gpus=gpus) as running:
+        adopted = await eventually_record(
+            mps_root, lambda r: r.state is DaemonState.READY and r.updated_at > second.updated_at
+        )
+        assert adopted.pid == second.pid
+        assert log.read_text().count("Startup") == starts
+        assert running.keepers["nvidia.com/gpu"].pid == second.pid
+
+
+async def test_a_resource_no_longer_shared_stops_its_daemon(
+    short_dir: Path, binary: Path, gpus: str
+) -> None:
+    mps_root = short_dir / "mps"
+    config = short_dir / "config.yaml"
+    config.write_text(mps_config(mps_root))
+    async with controller(config, binary, gpus=gpus) as running:
+        first = await eventually_record(mps_root, lambda r: r.state is DaemonState.READY)
+        write(config, f"version: v1\nflags:\n  mpsRoot: {mps_root}\n")
+        await running.next_update()
+        assert first.pid is not None and not process_alive(first.pid)
+        assert record(mps_root) is None
+        assert running.keepers == {}
+
+
+async def test_a_broken_binary_is_retried_and_reported(short_dir: Path, gpus: str) -> None:
+    mps_root = short_dir / "mps"
+    config = short_dir / "config.yaml"
+    config.write_text(mps_config(mps_root))
+    async with controller(config, short_dir / "missing", gpus=gpus):
+        failed = await eventually_record(mps_root, lambda r: r.state is DaemonState.FAILED)
+        assert failed.reason is not None and "cannot run the MPS control binary" in failed.reason
