@@ -1,0 +1,134 @@
+"""The prepared claims, kept on disk so that prepare and unprepare survive plugin restarts.
+
+The kubelet calls NodePrepareResources again for a claim whenever it is unsure (a restart of
+either side, a retried pod start) and NodeUnprepareResources for claims prepared by an earlier
+run of the plugin; both must answer as they did. The checkpoint holds, per claim UID, the answer
+given (devices, CDI IDs), the spec file written, and what was published for each device, so a
+device a new config dropped stays published until its claim is unprepared, restarts included.
+
+Written as JSON with a checksum, by temporary file and rename, so a crash leaves the old or the
+new file, never half of one. A file that does not check out is kept aside (`.corrupt`) and the
+plugin starts empty, logging it: the kubelet will prepare again what it still needs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from sharing_plugin.dra.claims import ClaimRef
+from sharing_plugin.plan.dra import PublishedDevice
+
+log = logging.getLogger(__name__)
+
+CHECKPOINT_FILE = "checkpoint.json"
+_VERSION = 1
+
+
+@dataclass(frozen=True, slots=True)
+class PreparedDevice:
+    """One device of a prepared claim, as NodePrepareResources answered it."""
+
+    requests: tuple[str, ...]
+    pool: str
+    device: str
+    cdi_ids: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class PreparedClaim:
+    """A claim prepared on this node: the answer given, its spec file, its devices' entries."""
+
+    ref: ClaimRef
+    devices: tuple[PreparedDevice, ...]
+    spec_file: str
+    published: tuple[PublishedDevice, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "namespace": self.ref.namespace,
+            "name": self.ref.name,
+            "uid": self.ref.uid,
+            "devices": [
+                {
+                    "requests": list(d.requests),
+                    "pool": d.pool,
+                    "device": d.device,
+                    "cdiIds": list(d.cdi_ids),
+                }
+                for d in self.devices
+            ],
+            "specFile": self.spec_file,
+            "published": [p.to_json() for p in self.published],
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> PreparedClaim:
+        return cls(
+            ref=ClaimRef(str(data["namespace"]), str(data["name"]), str(data["uid"])),
+            devices=tuple(
+                PreparedDevice(
+                    requests=tuple(str(r) for r in d["requests"]),
+                    pool=str(d["pool"]),
+                    device=str(d["device"]),
+                    cdi_ids=tuple(str(c) for c in d["cdiIds"]),
+                )
+                for d in data["devices"]
+            ),
+            spec_file=str(data["specFile"]),
+            published=tuple(PublishedDevice.from_json(p) for p in data["published"]),
+        )
+
+
+def _checksum(claims: list[dict[str, Any]]) -> str:
+    canonical = json.dumps(claims, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+class Checkpoint:
+    """The checkpoint file of one driver (in its plugin directory)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+
+    def load(self) -> dict[str, PreparedClaim]:
+        """The prepared claims by UID; empty when there is no file or it does not check out."""
+        try:
+            text = self.path.read_text()
+        except FileNotFoundError:
+            return {}
+        try:
+            data = json.loads(text)
+            claims = data["claims"]
+            if data.get("version") != _VERSION or data.get("checksum") != _checksum(claims):
+                raise ValueError("checksum or version mismatch")
+            loaded = [PreparedClaim.from_json(c) for c in claims]
+        except (ValueError, KeyError, TypeError) as exc:
+            aside = self.path.with_name(self.path.name + ".corrupt")
+            log.error(
+                "DRA checkpoint %s is unreadable (%s): starting without prepared claims; the "
+                "file is kept as %s",
+                self.path,
+                exc,
+                aside,
+            )
+            os.replace(self.path, aside)
+            return {}
+        return {c.ref.uid: c for c in loaded}
+
+    def save(self, claims: Mapping[str, PreparedClaim]) -> None:
+        entries = [claims[uid].to_json() for uid in sorted(claims)]
+        data = {"version": _VERSION, "claims": entries, "checksum": _checksum(entries)}
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        temporary = self.path.with_name(f".{self.path.name}.tmp")
+        with temporary.open("w") as f:
+            json.dump(data, f, indent=1, sort_keys=True)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(temporary, self.path)

@@ -1,0 +1,97 @@
+"""ResourceClaims as the plugin reads them: who asked, and which devices the scheduler gave.
+
+The kubelet names a claim by namespace, name and UID only; the plugin reads the claim from the
+API and keeps, of its allocation, the results of its own driver. Both API versions carry the
+allocation in the same shape (`status.allocation.devices.results[]` with `request`, `driver`,
+`pool`, `device`), so one parser serves v1 and v1beta1.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
+
+from sharing_plugin.dra.resources import api_error, resource_class
+
+if TYPE_CHECKING:
+    from lightkube import AsyncClient
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimRef:
+    """A claim as the kubelet names it in NodePrepareResources/NodeUnprepareResources."""
+
+    namespace: str
+    name: str
+    uid: str
+
+    def __str__(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+
+@dataclass(frozen=True, slots=True)
+class AllocatedDevice:
+    """One result of a claim's allocation: a device of a driver's pool, for one request."""
+
+    request: str
+    driver: str
+    pool: str
+    device: str
+
+
+@dataclass(frozen=True, slots=True)
+class Claim:
+    """A ResourceClaim read from the API; `devices` is None while it is not allocated."""
+
+    ref: ClaimRef
+    devices: tuple[AllocatedDevice, ...] | None
+
+
+def claim_from_document(document: Mapping[str, Any]) -> Claim:
+    """The claim an API object (either version) describes."""
+    meta = document.get("metadata") or {}
+    ref = ClaimRef(
+        namespace=str(meta.get("namespace", "")),
+        name=str(meta.get("name", "")),
+        uid=str(meta.get("uid", "")),
+    )
+    allocation = (document.get("status") or {}).get("allocation")
+    if not allocation:
+        return Claim(ref, None)
+    results = (allocation.get("devices") or {}).get("results") or ()
+    return Claim(
+        ref,
+        tuple(
+            AllocatedDevice(
+                request=str(r.get("request", "")),
+                driver=str(r.get("driver", "")),
+                pool=str(r.get("pool", "")),
+                device=str(r.get("device", "")),
+            )
+            for r in results
+        ),
+    )
+
+
+class ClaimReader(Protocol):
+    """Where prepared claims are looked up (the API; a test may hand in its own)."""
+
+    async def read(self, ref: ClaimRef) -> Claim: ...
+
+
+class ApiClaimReader:
+    """Reads claims through the Kubernetes API in the resource.k8s.io version it was given."""
+
+    def __init__(self, client: AsyncClient, api_version: str) -> None:
+        self._client = client
+        self._kind = resource_class(api_version, "ResourceClaim")
+
+    async def read(self, ref: ClaimRef) -> Claim:
+        """The claim; raises KubeApiError when it cannot be read (404 included)."""
+        try:
+            obj = await self._client.get(self._kind, ref.name, namespace=ref.namespace)
+        except Exception as exc:
+            doing = f"reading ResourceClaim {ref}"
+            raise await api_error(exc, doing, "get", "resourceclaims") from exc
+        return claim_from_document(obj.to_dict())

@@ -1,0 +1,210 @@
+"""Preparing claims for containers: the claim's devices -> a CDI spec file and its CDI IDs.
+
+The kubelet sends only each claim's namespace, name and UID; the allocation is read from the
+API, and of it the results of this driver in this node's pool are taken. Everything that can be
+wrong with one claim (deleted and re-created, not allocated, another driver's, another node's
+pool, a device this node no longer has, a request Allocate would refuse) becomes that claim's
+error in the answer, which the kubelet shows on the pod and retries; the other claims of the
+call are prepared regardless.
+
+Idempotence: a claim already prepared is answered from the checkpoint without reading the API
+again (the kubelet repeats calls after restarts of either side), and unpreparing a claim that is
+not prepared succeeds. Calls are serialised, so the checkpoint on disk always matches what was
+answered.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+from sharing_plugin.config.model import Flags
+from sharing_plugin.dra.cdi import CdiSpecDir
+from sharing_plugin.dra.checkpoint import Checkpoint, PreparedClaim, PreparedDevice
+from sharing_plugin.dra.claims import ClaimReader, ClaimRef
+from sharing_plugin.errors import AllocationError, KubeApiError
+from sharing_plugin.plan.cdi import cdi_id, claim_spec, spec_file_name
+from sharing_plugin.plan.dra import DraDevice, PublishedDevice
+from sharing_plugin.plan.model import Plan
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class PoolState:
+    """What the node serves now: its DRA devices by name (healthy or not), plan and flags."""
+
+    devices: Mapping[str, DraDevice]
+    plan: Plan
+    flags: Flags
+
+
+@dataclass(frozen=True, slots=True)
+class PrepareResult:
+    """One claim's answer: its devices, or why it could not be prepared."""
+
+    devices: tuple[PreparedDevice, ...] = ()
+    error: str = ""
+
+
+class ClaimPreparer:
+    """Prepares and unprepares the claims of one driver on one node (pool)."""
+
+    def __init__(
+        self,
+        *,
+        driver: str,
+        pool: str,
+        claims: ClaimReader,
+        specs: CdiSpecDir,
+        checkpoint: Checkpoint,
+        state: Callable[[], PoolState | None],
+        on_change: Callable[[], None] = lambda: None,
+    ) -> None:
+        """`state` tells what the node serves now (None before a first config); `on_change` is
+        called after the set of prepared claims changed (what the pool must keep publishing)."""
+        self.driver = driver
+        self.pool = pool
+        self._claims = claims
+        self._specs = specs
+        self._checkpoint = checkpoint
+        self._state = state
+        self._on_change = on_change
+        self._prepared = checkpoint.load()
+        self._lock = asyncio.Lock()
+
+    @property
+    def prepared(self) -> Mapping[str, PreparedClaim]:
+        """The prepared claims by UID."""
+        return dict(self._prepared)
+
+    def held(self) -> dict[str, PublishedDevice]:
+        """The devices prepared claims hold, with what was published for each."""
+        return {p.name: p for claim in self._prepared.values() for p in claim.published}
+
+    async def prepare(self, refs: Sequence[ClaimRef]) -> dict[str, PrepareResult]:
+        """Prepare each claim; every claim of `refs` gets an answer keyed by its UID."""
+        results: dict[str, PrepareResult] = {}
+        async with self._lock:
+            before = len(self._prepared)
+            for ref in refs:
+                try:
+                    results[ref.uid] = PrepareResult(await self._prepare(ref))
+                except (AllocationError, KubeApiError) as exc:
+                    log.warning("cannot prepare ResourceClaim %s (%s): %s", ref, ref.uid, exc)
+                    results[ref.uid] = PrepareResult(error=str(exc))
+                except Exception as exc:  # a bug must not fail the other claims of the call
+                    log.exception("preparing ResourceClaim %s (%s) failed", ref, ref.uid)
+                    results[ref.uid] = PrepareResult(error=f"internal error: {exc}")
+            changed = len(self._prepared) != before
+        if changed:
+            self._on_change()
+        return results
+
+    async def unprepare(self, refs: Sequence[ClaimRef]) -> dict[str, str]:
+        """Unprepare each claim; the error of each by UID ("" when it went well)."""
+        results: dict[str, str] = {}
+        async with self._lock:
+            before = len(self._prepared)
+            for ref in refs:
+                try:
+                    self._unprepare(ref)
+                    results[ref.uid] = ""
+                except OSError as exc:
+                    log.warning("cannot unprepare ResourceClaim %s (%s): %s", ref, ref.uid, exc)
+                    results[ref.uid] = f"removing the CDI spec of {ref}: {exc}"
+            if len(self._prepared) != before:
+                self._checkpoint.save(self._prepared)
+                changed = True
+            else:
+                changed = False
+        if changed:
+            self._on_change()
+        return results
+
+    def _unprepare(self, ref: ClaimRef) -> None:
+        known = self._prepared.get(ref.uid)
+        self._specs.remove(known.spec_file if known else spec_file_name(self.driver, ref.uid))
+        if known is not None:
+            del self._prepared[ref.uid]
+            log.info("unprepared ResourceClaim %s (%s)", ref, ref.uid)
+
+    async def _prepare(self, ref: ClaimRef) -> tuple[PreparedDevice, ...]:
+        known = self._prepared.get(ref.uid)
+        if known is not None:
+            return known.devices
+        claim = await self._claims.read(ref)
+        if claim.ref.uid != ref.uid:
+            raise AllocationError(
+                f"ResourceClaim {ref} has UID {claim.ref.uid}, not {ref.uid}: the claim the "
+                "kubelet asks for was deleted (and one of the same name created)"
+            )
+        if claim.devices is None:
+            raise AllocationError(f"ResourceClaim {ref} is not allocated")
+        ours = [d for d in claim.devices if d.driver == self.driver]
+        if not ours:
+            drivers = sorted({d.driver for d in claim.devices}) or ["none"]
+            raise AllocationError(
+                f"ResourceClaim {ref} has no device of driver {self.driver} (its devices are "
+                f"of {', '.join(drivers)})"
+            )
+        elsewhere = sorted({d.pool for d in ours if d.pool != self.pool})
+        if elsewhere:
+            raise AllocationError(
+                f"ResourceClaim {ref} is allocated devices of pool {', '.join(elsewhere)}, but "
+                f"this is node {self.pool}: the claim belongs to another node"
+            )
+        state = self._state()
+        if state is None:
+            raise AllocationError("no config applied yet: this node has no devices to prepare")
+        requests: dict[str, list[str]] = {}
+        for result in ours:
+            requests.setdefault(result.device, []).append(result.request)
+        devices = [self._device(state, name, ref) for name in requests]
+        spec = claim_spec(
+            driver=self.driver,
+            claim_uid=ref.uid,
+            devices=devices,
+            plan=state.plan,
+            flags=state.flags,
+        )
+        file_name = spec_file_name(self.driver, ref.uid)
+        self._specs.write(file_name, spec)
+        prepared = PreparedClaim(
+            ref=ref,
+            devices=tuple(
+                PreparedDevice(
+                    requests=tuple(requests[d.name]),
+                    pool=self.pool,
+                    device=d.name,
+                    cdi_ids=(cdi_id(self.driver, ref.uid, d.name),),
+                )
+                for d in devices
+            ),
+            spec_file=file_name,
+            published=tuple(d.published() for d in devices),
+        )
+        self._prepared[ref.uid] = prepared
+        self._checkpoint.save(self._prepared)
+        log.info(
+            "prepared ResourceClaim %s (%s): %s",
+            ref,
+            ref.uid,
+            ", ".join(d.name for d in devices),
+        )
+        return prepared.devices
+
+    def _device(self, state: PoolState, name: str, ref: ClaimRef) -> DraDevice:
+        device = state.devices.get(name)
+        if device is None:
+            raise AllocationError(
+                f"ResourceClaim {ref}: device {name} is not in this node's pool (the config "
+                "no longer has it)"
+            )
+        if not device.healthy:
+            raise AllocationError(
+                f"ResourceClaim {ref}: device {name} ({device.device.physical}) is unhealthy"
+            )
+        return device

@@ -1,0 +1,218 @@
+"""The DRA kubelet plugin's two sockets: its DRA service, then its registration.
+
+    <kubelet-dir>/plugins/<driver>/dra.sock              DRAPlugin v1 and v1beta1
+    <kubelet-dir>/plugins_registry/<driver>-reg.sock     pluginregistration.Registration
+
+The kubelet's plugin watcher notices a socket appearing in plugins_registry/, calls GetInfo
+(type DRAPlugin, the driver name, the DRA socket's path and the services served), dials the DRA
+socket and answers with NotifyRegistrationStatus; a socket disappearing deregisters the plugin
+(and makes the kubelet delete the node's ResourceSlices of the driver). So the DRA service
+listens first and the registration socket is the last thing created and the first removed.
+Both names are fixed (the kubelet's own helper library uses the same), which is why a socket
+left by a killed run is removed at start when nobody listens on it; one that answers belongs to
+a running instance and is an error. A kubelet that restarts finds the registration socket
+again by itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+import stat
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from sharing_plugin.dra.api.constants import (
+    DRA_PLUGIN_TYPE,
+    DRA_SOCKET,
+    PLUGINS_DIR,
+    PLUGINS_REGISTRY_DIR,
+    REGISTRATION_SOCKET_SUFFIX,
+    SUPPORTED_SERVICES,
+)
+from sharing_plugin.dra.api.dra.v1 import api_pb2 as v1
+from sharing_plugin.dra.api.dra.v1 import api_pb2_grpc as v1_grpc
+from sharing_plugin.dra.api.dra.v1beta1 import api_pb2_grpc as v1beta1_grpc
+from sharing_plugin.dra.api.pluginregistration.v1 import api_pb2 as reg
+from sharing_plugin.dra.api.pluginregistration.v1 import api_pb2_grpc as reg_grpc
+from sharing_plugin.dra.prepare import ClaimPreparer
+from sharing_plugin.dra.servicer import DraServicerV1, DraServicerV1Beta1
+from sharing_plugin.errors import KubeletError
+
+log = logging.getLogger(__name__)
+
+Context = grpc.aio.ServicerContext[Any, Any]
+MAX_SOCKET_PATH_BYTES = 107  # AF_UNIX sun_path holds 108 bytes with the terminating NUL
+STOP_GRACE_S = 0.5
+READY_TIMEOUT_S = 2.0
+
+
+def registration_socket(kubelet_dir: Path, driver: str) -> Path:
+    return Path(kubelet_dir) / PLUGINS_REGISTRY_DIR / f"{driver}{REGISTRATION_SOCKET_SUFFIX}"
+
+
+def dra_socket(kubelet_dir: Path, driver: str) -> Path:
+    return Path(kubelet_dir) / PLUGINS_DIR / driver / DRA_SOCKET
+
+
+def plugin_dir(kubelet_dir: Path, driver: str) -> Path:
+    """The driver's own directory: its DRA socket and its checkpoint."""
+    return Path(kubelet_dir) / PLUGINS_DIR / driver
+
+
+def check_socket_paths(kubelet_dir: Path, driver: str) -> None:
+    """Raise KubeletError when a socket path would not fit a unix socket address."""
+    for path in (registration_socket(kubelet_dir, driver), dra_socket(kubelet_dir, driver)):
+        size = len(str(path).encode())
+        if size > MAX_SOCKET_PATH_BYTES:
+            raise KubeletError(
+                f"socket path {path} is {size} bytes, over the {MAX_SOCKET_PATH_BYTES}-byte "
+                "limit of a unix socket path: use a shorter --kubelet-dir or --driver-name"
+            )
+
+
+class RegistrationServicer(reg_grpc.RegistrationServicer):
+    """Tells the kubelet's plugin watcher who we are, and hears its verdict."""
+
+    def __init__(self, *, driver: str, endpoint: Path, versions: Sequence[str]) -> None:
+        self._info = reg.PluginInfo(
+            type=DRA_PLUGIN_TYPE, name=driver, endpoint=str(endpoint), supported_versions=versions
+        )
+        self.registered = asyncio.Event()
+        self.error: str | None = None
+        self.calls = 0  # GetInfo calls: one per registration (a kubelet restart makes another)
+
+    async def GetInfo(self, request: reg.InfoRequest, context: Context) -> reg.PluginInfo:
+        self.calls += 1
+        return self._info
+
+    async def NotifyRegistrationStatus(
+        self, request: reg.RegistrationStatus, context: Context
+    ) -> reg.RegistrationStatusResponse:
+        if request.plugin_registered:
+            self.error = None
+            self.registered.set()
+            log.info("registered with the kubelet as DRA driver %s", self._info.name)
+        else:
+            self.error = request.error
+            self.registered.clear()
+            log.error("the kubelet refused DRA driver %s: %s", self._info.name, request.error)
+        return reg.RegistrationStatusResponse()
+
+
+class DraPluginServer:
+    """Serves one driver's DRA service and registration; see the module docstring."""
+
+    def __init__(
+        self,
+        *,
+        kubelet_dir: Path,
+        driver: str,
+        preparer: ClaimPreparer,
+        versions: Sequence[str] = SUPPORTED_SERVICES,
+    ) -> None:
+        self.driver = driver
+        self.endpoint = dra_socket(kubelet_dir, driver)
+        self.registration_path = registration_socket(kubelet_dir, driver)
+        self._preparer = preparer
+        self.registration = RegistrationServicer(
+            driver=driver, endpoint=self.endpoint, versions=versions
+        )
+        self._dra: grpc.aio.Server | None = None
+        self._reg: grpc.aio.Server | None = None
+
+    @property
+    def registered(self) -> bool:
+        return self.registration.registered.is_set()
+
+    async def start(self) -> None:
+        """Listen on the DRA socket, check it answers, then offer the registration socket."""
+        check_socket_paths(self.endpoint.parents[2], self.driver)
+        self._dra = await self._listen(self.endpoint, self._add_dra_services)
+        try:
+            await self._check_answers()
+            self._reg = await self._listen(self.registration_path, self._add_registration)
+        except BaseException:
+            await self.stop()
+            raise
+        log.info(
+            "DRA driver %s serving on %s, registration offered on %s",
+            self.driver,
+            self.endpoint,
+            self.registration_path,
+        )
+
+    async def stop(self) -> None:
+        """Withdraw the registration socket, then stop the DRA service; idempotent."""
+        for attr, path in (("_reg", self.registration_path), ("_dra", self.endpoint)):
+            server: grpc.aio.Server | None = getattr(self, attr)
+            setattr(self, attr, None)
+            if server is None:
+                continue
+            # Removed before the server stops, so the kubelet stops dialling a closing socket.
+            path.unlink(missing_ok=True)
+            await server.stop(STOP_GRACE_S)
+        self.registration.registered.clear()
+
+    def _add_dra_services(self, server: grpc.aio.Server) -> None:
+        v1_grpc.add_DRAPluginServicer_to_server(DraServicerV1(self._preparer), server)
+        v1beta1_grpc.add_DRAPluginServicer_to_server(DraServicerV1Beta1(self._preparer), server)
+
+    def _add_registration(self, server: grpc.aio.Server) -> None:
+        reg_grpc.add_RegistrationServicer_to_server(self.registration, server)
+
+    async def _listen(self, path: Path, add: Any) -> grpc.aio.Server:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        _remove_stale(path)
+        server = grpc.aio.server()
+        add(server)
+        try:
+            server.add_insecure_port(f"unix://{path}")
+        except RuntimeError as exc:
+            raise KubeletError(
+                f"cannot listen on {path}: {exc}; check that the directory is writable"
+            ) from exc
+        await server.start()
+        return server
+
+    async def _check_answers(self) -> None:
+        async with grpc.aio.insecure_channel(
+            f"unix://{self.endpoint}", options=[("grpc.default_authority", "localhost")]
+        ) as channel:
+            try:
+                await v1_grpc.DRAPluginStub(channel).NodePrepareResources(
+                    v1.NodePrepareResourcesRequest(), timeout=READY_TIMEOUT_S, wait_for_ready=True
+                )
+            except grpc.aio.AioRpcError as exc:
+                raise KubeletError(
+                    f"DRA driver {self.driver} does not answer on its own socket "
+                    f"{self.endpoint}: {exc.code().name}: {exc.details()}"
+                ) from exc
+
+
+def _remove_stale(path: Path) -> None:
+    """Remove a socket a killed run left at `path`; refuse one somebody still listens on."""
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        return
+    if not stat.S_ISSOCK(mode):
+        raise KubeletError(f"{path} exists and is not a socket: remove it")
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        probe.setblocking(False)
+        try:
+            probe.connect(str(path))
+        except (ConnectionRefusedError, FileNotFoundError):
+            path.unlink(missing_ok=True)
+            log.info("removed the stale socket %s of an earlier run", path)
+            return
+        except OSError:
+            pass
+    raise KubeletError(
+        f"another process serves {path}: is a second instance of this DRA driver running?"
+    )

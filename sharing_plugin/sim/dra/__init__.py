@@ -1,0 +1,1 @@
+"""The kubelet's DRA side in-process (plugin watcher, DRA manager calls) and a test allocator."""
