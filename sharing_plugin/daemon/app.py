@@ -29,6 +29,7 @@ from sharing_plugin.daemon.kube import ConfigFeed, api_client, config_feed, need
 from sharing_plugin.daemon.labels import LabelPublisher
 from sharing_plugin.daemon.layouts import MigLayouts
 from sharing_plugin.daemon.mig import MigReconciler
+from sharing_plugin.daemon.mps_gate import MpsGate
 from sharing_plugin.daemon.options import RunOptions
 from sharing_plugin.daemon.report import NodeReport
 from sharing_plugin.daemon.supervisor import Supervisor
@@ -115,6 +116,9 @@ class Daemon:
         )
         self._reload_lock = asyncio.Lock()
         self._update_waiters: list[asyncio.Future[None]] = []
+        self.mps = MpsGate(
+            tasks=self._tasks, status=self.status, metrics=self.metrics, on_change=self._on_mps
+        )
 
     # --- lifecycle ---------------------------------------------------------------------------
 
@@ -367,6 +371,14 @@ class Daemon:
                 return
             await self.supervisor.apply(self._effective(config), self._context(config))
 
+    async def _on_mps(self) -> None:
+        """An MPS daemon started or stopped serving: its resource's devices follow."""
+        async with self._reload_lock:
+            config = self.config
+            if config is None or self._base_plan is None:
+                return
+            await self.supervisor.apply(self._effective(config), self._context(config))
+
     def _reject(self, error: Exception | str, reason: str) -> None:
         lines = str(error).splitlines() or [str(error)]
         what = "config rejected" if isinstance(error, ConfigError | str) else "cannot apply config"
@@ -450,6 +462,7 @@ class Daemon:
                 generation=self._generation,
                 plan=base,
             )
+        self.mps.follow(base.mps)
         change = await self.supervisor.apply(self._effective(config), self._context(config))
         await self._labels.publish(config, inventory, base)
         log.log(
@@ -463,9 +476,10 @@ class Daemon:
 
     def _effective(self, config: Config) -> Plan:
         assert self._base_plan is not None
-        if not self.options.health_env.settings(config.health).enabled:
-            return self._base_plan
-        return self._base_plan.with_health(self._health)
+        plan = self._base_plan
+        if self.options.health_env.settings(config.health).enabled:
+            plan = plan.with_health(self._health)
+        return self.mps.gate(plan)
 
     def _context(self, config: Config) -> AllocateContext:
         return AllocateContext(

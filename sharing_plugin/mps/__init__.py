@@ -17,7 +17,7 @@ from sharing_plugin.mps.record import (
     remove_record,
     write_record,
 )
-from sharing_plugin.mps.watch import RecordView, watch_record
+from sharing_plugin.mps.watch import RecordView, current_view, watch_record
 
 __all__ = [
     "RECORD_FILE",
@@ -26,6 +26,7 @@ __all__ = [
     "DaemonState",
     "MpsControl",
     "RecordView",
+    "current_view",
     "process_alive",
     "read_record",
     "remove_record",

@@ -70,6 +70,13 @@ class RecordView:
         }
 
 
+def current_view(resource: str, root: Path) -> RecordView:
+    """What the state file in `root` says now (to start from before the watch reports)."""
+    record = read_record(root)
+    remaining = _remaining(record)
+    return RecordView(resource, record, remaining is not None and remaining <= 0)
+
+
 def _make(root: Path) -> None:
     # Local and instant: `run` may start before `mps-control` has made the directory.
     root.mkdir(parents=True, exist_ok=True)

@@ -136,6 +136,12 @@ class Metrics:
             ["gpu"],
             registry=r,
         )
+        self._mps_restarts = Counter(
+            f"{_PREFIX}_mps_daemon_restarts",
+            "Restarts of an MPS resource's control daemon after it died or stopped answering.",
+            ["resource"],
+            registry=r,
+        )
         self._mig_operations = Counter(
             f"{_PREFIX}_mig_operations",
             "MIG instance operations through NVML, by operation and result.",
@@ -191,6 +197,11 @@ class Metrics:
     def count_mig_operation(self, operation: str, *, ok: bool = True) -> None:
         """Count one MIG operation, e.g. ``create-gpu-instance`` or ``destroy-gpu-instance``."""
         self._mig_operations.labels(operation, _result(ok)).inc()
+
+    def count_mps_restarts(self, resource: str, restarts: int) -> None:
+        """Add `restarts` restarts of `resource`'s MPS control daemon."""
+        if restarts > 0:
+            self._mps_restarts.labels(resource).inc(restarts)
 
     # --- exposition --------------------------------------------------------------------------
 

@@ -51,6 +51,7 @@ class StatusBoard:
         self._last_error: str | None = None
         self._resources: dict[str, ResourceStatus] = {}
         self._mig: dict[str, tuple[MigState, str | None]] = {}
+        self._mps: dict[str, dict[str, Any]] = {}
 
     # --- config ------------------------------------------------------------------------------
 
@@ -137,6 +138,15 @@ class StatusBoard:
         """Every GPU's layout state at once; GPUs left out have no declared layout any more."""
         self._mig = {gpu: (s.state, s.reason) for gpu, s in states.items()}
 
+    # --- MPS ---------------------------------------------------------------------------------
+
+    def set_mps(self, resource: str, daemon: Mapping[str, Any] | None) -> None:
+        """An MPS resource's control daemon (state, pid, limits, restarts, reason); None: gone."""
+        if daemon is None:
+            self._mps.pop(resource, None)
+        else:
+            self._mps[resource] = dict(daemon)
+
     # --- readiness and JSON ------------------------------------------------------------------
 
     def readiness(self) -> tuple[bool, str]:
@@ -177,4 +187,5 @@ class StatusBoard:
                 gpu: {"state": state.value, "reason": reason}
                 for gpu, (state, reason) in sorted(self._mig.items())
             },
+            "mps": {name: dict(daemon) for name, daemon in sorted(self._mps.items())},
         }

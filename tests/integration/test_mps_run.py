@@ -1,0 +1,166 @@
+"""`run` with MPS: devices Healthy only while the resource's control daemon serves.
+
+The plugin runs in-process against the kubelet simulator, `mps-control` in-process beside it,
+and every control daemon is a real process of the simulated binary.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from daemon_harness import eventually, node_file, running
+from mps_harness import (
+    RESOURCE,
+    TWO_GPUS,
+    controller,
+    daemon_pid,
+    eventually_record,
+    limits_of,
+    mps_config,
+    pipe_of,
+    reap_daemons,
+    resource_root,
+)
+
+from sharing_plugin.mps import DaemonRecord, DaemonState, process_alive, write_record
+from sharing_plugin.sim.mps import write_wrapper
+
+REPLICAS = 4
+ALL = 2 * REPLICAS  # two GPUs
+
+
+@pytest.fixture
+def binary(short_dir: Path) -> Iterator[Path]:
+    yield write_wrapper(short_dir / "bin")
+    reap_daemons(short_dir)
+
+
+@pytest.fixture
+def gpus(short_dir: Path) -> str:
+    return f"simulated:{node_file(short_dir, TWO_GPUS)}"
+
+
+def write(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text, encoding="utf-8")
+    tmp.replace(path)
+
+
+async def test_run_first_then_mps_control_and_a_crash_is_unhealthy_within_a_second(
+    short_dir: Path, binary: Path, gpus: str
+) -> None:
+    mps_root = short_dir / "mps"
+    async with running(short_dir, mps_config(mps_root, replicas=REPLICAS), gpus=gpus) as run:
+        # No daemon yet: advertised, but nothing can be admitted onto it.
+        assert run.capacity() == {RESOURCE: ALL}
+        assert run.allocatable() == {RESOURCE: 0}
+        assert run.daemon.status.to_json()["mps"][RESOURCE]["state"] == "absent"
+
+        async with controller(run.config, binary, gpus=gpus, kubelet_dir=short_dir):
+            await run.kubelet.wait_for(lambda: run.allocatable() == {RESOURCE: ALL}, timeout=10)
+            status = run.daemon.status.to_json()["mps"][RESOURCE]
+            pid = daemon_pid(mps_root)
+            assert status["state"] == "ready"
+            assert status["pid"] == pid
+            assert status["limits"]["activeThreadPercentage"] == 25
+            assert sorted(status["limits"]["pinnedMemoryLimits"].values()) == [
+                "10240M",
+                "20480M",
+            ]
+
+            assert pid is not None
+            loop = asyncio.get_running_loop()
+            started = loop.time()
+            os.kill(pid, signal.SIGKILL)
+            await run.kubelet.wait_for(lambda: run.allocatable() == {RESOURCE: 0}, timeout=1.0)
+            assert loop.time() - started < 1.0
+            assert run.capacity() == {RESOURCE: ALL}
+
+            await run.kubelet.wait_for(lambda: run.allocatable() == {RESOURCE: ALL}, timeout=10)
+            status = run.daemon.status.to_json()["mps"][RESOURCE]
+            assert status["restarts"] == 1
+            assert status["pid"] == daemon_pid(mps_root) != pid
+            assert (
+                f'sharing_plugin_mps_daemon_restarts_total{{resource="{RESOURCE}"}} 1.0'
+                in run.daemon.metrics.render().decode()
+            )
+
+
+async def test_mps_control_first_and_a_plugin_restart_finds_the_daemon_serving(
+    short_dir: Path, binary: Path, gpus: str
+) -> None:
+    mps_root = short_dir / "mps"
+    config = short_dir / "config.yaml"
+    config.write_text(mps_config(mps_root, replicas=REPLICAS))
+    async with controller(config, binary, gpus=gpus, kubelet_dir=short_dir):
+        ready = await eventually_record(mps_root, lambda r: r.state is DaemonState.READY)
+        for _ in range(2):  # a start, then a restart of the plugin
+            async with running(short_dir, None, config_path=config, gpus=gpus) as run:
+                assert run.allocatable() == {RESOURCE: ALL}
+                # Never advertised Unhealthy on the way: the daemon served all along.
+                assert all(health == "Healthy" for health in run.kubelet.devices(RESOURCE).values())
+                assert run.daemon.status.to_json()["mps"][RESOURCE]["pid"] == ready.pid
+        assert daemon_pid(mps_root) == ready.pid
+
+
+async def test_a_limit_change_waits_for_the_pods_holding_replicas(
+    short_dir: Path, binary: Path, gpus: str
+) -> None:
+    mps_root = short_dir / "mps"
+    async with (
+        running(short_dir, mps_config(mps_root, replicas=REPLICAS), gpus=gpus) as run,
+        controller(run.config, binary, gpus=gpus, kubelet_dir=short_dir) as control,
+    ):
+        await run.kubelet.wait_for(lambda: run.allocatable() == {RESOURCE: ALL}, timeout=10)
+        first = daemon_pid(mps_root)
+        await run.kubelet.admit_pod("client", containers={"main": {RESOURCE: 1}})
+
+        write(run.config, mps_config(mps_root, replicas=2))
+        await control.next_update()
+        waiting = await eventually_record(mps_root, lambda r: r.state is DaemonState.WAITING)
+        assert waiting.pid == first
+        assert waiting.reason is not None and "1 replica(s)" in waiting.reason
+        assert first is not None and process_alive(first)
+        await eventually(lambda: run.daemon.status.to_json()["mps"][RESOURCE]["state"] == "waiting")
+        # The old daemon still serves the pod, so nothing is refused meanwhile.
+        assert run.kubelet.allocatable(RESOURCE) > 0
+
+        run.kubelet.delete_pod("client")
+        replaced = await eventually_record(
+            mps_root, lambda r: r.state is DaemonState.READY and r.pid != first
+        )
+        assert not process_alive(first)
+        assert replaced.limits["activeThreadPercentage"] == 50
+        assert limits_of(binary, pipe_of(mps_root), 2) == ("50.0", ["20480M", "40960M"])
+        await run.kubelet.wait_for(lambda: run.allocatable() == {RESOURCE: 4}, timeout=10)
+
+
+async def test_a_state_file_nobody_confirms_goes_stale(short_dir: Path, gpus: str) -> None:
+    mps_root = short_dir / "mps"
+
+    def confirm() -> None:
+        write_record(
+            resource_root(mps_root),
+            DaemonRecord(
+                resource=RESOURCE,
+                state=DaemonState.READY,
+                fingerprint="f",
+                pid=os.getpid(),
+                heartbeat_s=0.1,
+                updated_at=time.time(),
+            ),
+        )
+
+    confirm()
+    async with running(short_dir, mps_config(mps_root, replicas=REPLICAS), gpus=gpus) as run:
+        # Three heartbeats (0.3 s) without a confirmation: no longer vouched for.
+        await run.kubelet.wait_for(lambda: run.allocatable() == {RESOURCE: 0}, timeout=5)
+        assert run.daemon.status.to_json()["mps"][RESOURCE]["state"] == "stale"
+        confirm()
+        await run.kubelet.wait_for(lambda: run.allocatable() == {RESOURCE: ALL}, timeout=5)
