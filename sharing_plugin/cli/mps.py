@@ -39,15 +39,16 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 def mps_options(args: argparse.Namespace) -> MpsControlOptions:
     from sharing_plugin.daemon.logs import parse_log_level
-    from sharing_plugin.daemon.mps import MpsControlOptions
-    from sharing_plugin.daemon.options import RunOptions
-    from sharing_plugin.sources.apiconfig import parse_config_map_ref
 
     if args.log_format not in ("text", "json"):
         raise ValueError(f"--log-format must be text or json (got {args.log_format!r})")
     parse_log_level(args.log_level)
     if not args.mps_control_bin:
         raise ValueError("--mps-control-bin must name a binary")
+    from sharing_plugin.daemon.mps import MpsControlOptions
+    from sharing_plugin.daemon.options import RunOptions
+    from sharing_plugin.sources.apiconfig import parse_config_map_ref
+
     return MpsControlOptions(
         source=RunOptions(
             config_path=Path(args.config) if args.config else None,
