@@ -21,7 +21,7 @@ import logging
 import os
 import socket
 import stat
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -79,10 +79,18 @@ def check_socket_paths(kubelet_dir: Path, driver: str) -> None:
 class RegistrationServicer(reg_grpc.RegistrationServicer):
     """Tells the kubelet's plugin watcher who we are, and hears its verdict."""
 
-    def __init__(self, *, driver: str, endpoint: Path, versions: Sequence[str]) -> None:
+    def __init__(
+        self,
+        *,
+        driver: str,
+        endpoint: Path,
+        versions: Sequence[str],
+        on_registered: Callable[[], None] = lambda: None,
+    ) -> None:
         self._info = reg.PluginInfo(
             type=DRA_PLUGIN_TYPE, name=driver, endpoint=str(endpoint), supported_versions=versions
         )
+        self._on_registered = on_registered
         self.registered = asyncio.Event()
         self.error: str | None = None
         self.calls = 0  # GetInfo calls: one per registration (a kubelet restart makes another)
@@ -98,6 +106,7 @@ class RegistrationServicer(reg_grpc.RegistrationServicer):
             self.error = None
             self.registered.set()
             log.info("registered with the kubelet as DRA driver %s", self._info.name)
+            self._on_registered()
         else:
             self.error = request.error
             self.registered.clear()
@@ -115,13 +124,17 @@ class DraPluginServer:
         driver: str,
         preparer: ClaimPreparer,
         versions: Sequence[str] = SUPPORTED_SERVICES,
+        on_registered: Callable[[], None] = lambda: None,
     ) -> None:
+        """`on_registered` is called after every registration the kubelet confirms (a
+        restarted kubelet registers the plugin again)."""
         self.driver = driver
+        self._kubelet_dir = Path(kubelet_dir)
         self.endpoint = dra_socket(kubelet_dir, driver)
         self.registration_path = registration_socket(kubelet_dir, driver)
         self._preparer = preparer
         self.registration = RegistrationServicer(
-            driver=driver, endpoint=self.endpoint, versions=versions
+            driver=driver, endpoint=self.endpoint, versions=versions, on_registered=on_registered
         )
         self._dra: grpc.aio.Server | None = None
         self._reg: grpc.aio.Server | None = None
@@ -132,7 +145,7 @@ class DraPluginServer:
 
     async def start(self) -> None:
         """Listen on the DRA socket, check it answers, then offer the registration socket."""
-        check_socket_paths(self.endpoint.parents[2], self.driver)
+        check_socket_paths(self._kubelet_dir, self.driver)
         self._dra = await self._listen(self.endpoint, self._add_dra_services)
         try:
             await self._check_answers()

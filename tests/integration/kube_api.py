@@ -15,6 +15,9 @@ Nodes, ConfigMaps and core/v1 Events the way kube-apiserver does where a client 
 * bearer-token authentication (401) and per-token RBAC-like permissions (403 with
   kube-apiserver's message), label and ConfigMap key validation (422).
 
+resource.k8s.io (DRA: ResourceSlices, ResourceClaims, DeviceClasses in v1 and v1beta1, with API
+discovery under /apis) is served too; its section near the end of this module says how.
+
 Tests drive it from the side: change objects (`put_node`, `set_node_label`, `put_configmap`, ...),
 end watches cleanly or drop their connections (`close_watches`), answer the next watch with 410
 Gone (`expire_next_watch`), forget history (`compact`), send BOOKMARKs (`send_bookmarks`), stop
@@ -44,8 +47,16 @@ import yaml
 
 DEFAULT_USER = "system:serviceaccount:kube-system:sharing-plugin"
 
-VERBS = ("get", "list", "watch", "create", "update", "patch", "delete")
-RESOURCES = ("nodes", "configmaps", "events")
+VERBS = ("get", "list", "watch", "create", "update", "patch", "delete", "deletecollection")
+RESOURCES = (
+    "nodes",
+    "configmaps",
+    "events",
+    # resource.k8s.io (DRA), below
+    "resourceslices",
+    "resourceclaims",
+    "deviceclasses",
+)
 
 
 class Permissions(frozenset[tuple[str, str]]):
@@ -795,6 +806,8 @@ class FakeKubeApi:
     ) -> bool:
         perms = self._authenticate(headers)
         segments = path.strip("/").split("/")
+        if segments[:1] == ["apis"]:
+            return await self._route_dra(method, segments, query, headers, raw, writer, perms)
         if segments[:2] != ["api", "v1"]:
             return await _page_not_found(writer)
         rest = segments[2:]
@@ -1074,6 +1087,442 @@ class FakeKubeApi:
             obj = stored
         await _respond(writer, 200, obj)
         return True
+
+    # -- resource.k8s.io (DRA), from the test's side ------------------------------------------
+
+    # The versions of resource.k8s.io served, newest first: ("v1beta1",) plays Kubernetes 1.32.
+    dra_versions: tuple[str, ...] = ("v1", "v1beta1")
+
+    def put_dra_object(self, document: Mapping[str, Any]) -> dict[str, Any]:
+        """Create or replace a DeviceClass, ResourceClaim or ResourceSlice of either version
+        (`apiVersion` says which); returns it as stored (v1)."""
+        version = str(document["apiVersion"]).rpartition("/")[2]
+        kind = next(k for k in _DRA_KINDS.values() if k.kind == document["kind"])
+        obj = _dra_to_v1(kind, dict(document), version)
+        meta = obj.setdefault("metadata", {})
+        namespace = meta.get("namespace", "") if kind.namespaced else ""
+        current = self._objects.get((kind.resource, namespace, meta["name"]))
+        base = (
+            current["metadata"] if current else self._new(kind, namespace, meta["name"])["metadata"]
+        )
+        obj["metadata"] = {**base, **{k: v for k, v in meta.items() if k != "resourceVersion"}}
+        try:
+            _dra_validate(kind, _dra_from_v1(kind, obj, version), version)
+        except _ApiError as e:
+            raise ValueError(e.status["message"]) from None
+        stored = self._commit(kind, namespace, meta["name"], obj)
+        assert stored is not None
+        return copy.deepcopy(stored)
+
+    def dra_objects(self, resource: str, namespace: str | None = None) -> list[dict[str, Any]]:
+        """Every stored object of `resource` (resourceslices, ...), in the v1 shape, by name."""
+        return [
+            copy.deepcopy(obj)
+            for (res, ns, _), obj in sorted(self._objects.items())
+            if res == resource and namespace in (None, ns)
+        ]
+
+    def delete_dra_object(self, resource: str, name: str, namespace: str = "") -> None:
+        if self._commit(_DRA_KINDS[resource], namespace, name, None) is None:
+            raise KeyError((resource, namespace, name))
+
+    async def _route_dra(
+        self,
+        method: str,
+        segments: list[str],
+        query: dict[str, str],
+        headers: dict[str, str],
+        raw: bytes,
+        writer: asyncio.StreamWriter,
+        perms: Permissions | None,
+    ) -> bool:
+        """/apis/...: discovery and the resource.k8s.io objects."""
+        if method == "GET" and (found := _dra_discovery(segments, self.dra_versions)):
+            await _respond(writer, 200, found)
+            return True
+        if (
+            len(segments) < 4
+            or segments[1] != RESOURCE_GROUP
+            or segments[2] not in self.dra_versions
+        ):
+            return await _page_not_found(writer)
+        version, rest = segments[2], segments[3:]
+        namespace: str | None = None
+        if len(rest) >= 3 and rest[0] == "namespaces":
+            namespace, rest = rest[1], rest[2:]
+        kind = _DRA_KINDS.get(rest[0]) if rest else None
+        subresource = rest[2] if len(rest) == 3 else None
+        if (
+            kind is None
+            or len(rest) > 3
+            or subresource not in (None, "status")
+            or (namespace is not None) != kind.namespaced
+        ):
+            return await _page_not_found(writer)
+        name = rest[1] if len(rest) >= 2 else None
+        ns = namespace or ""
+        if method == "GET":
+            verb = "get" if name else "watch" if query.get("watch") in _TRUE else "list"
+        else:
+            verb = {"POST": "create", "PUT": "update", "PATCH": "patch", "DELETE": "delete"}.get(
+                method, ""
+            )
+            if verb == "delete" and name is None:
+                verb = "deletecollection"
+        if verb in ("", "watch") or (verb == "create") != (name is None and method == "POST"):
+            raise _ApiError(
+                _status(
+                    405,
+                    "MethodNotAllowed",
+                    "the server does not allow this method on the requested resource",
+                )
+            )
+        field_terms = _field_terms(kind, query.get("fieldSelector", ""))
+        self._authorize_dra(perms, verb, kind, namespace, name)
+        labels = _label_selector(query.get("labelSelector", ""))
+
+        def match(obj: dict[str, Any]) -> bool:
+            return labels(obj["metadata"].get("labels") or {}) and all(
+                (_field_value(obj, f) == value) == equal for f, equal, value in field_terms
+            )
+
+        def selected() -> list[tuple[str, dict[str, Any]]]:
+            return [
+                (key[2], obj)
+                for key, obj in sorted(self._objects.items())
+                if key[0] == kind.resource and namespace in (None, key[1]) and match(obj)
+            ]
+
+        if verb == "list":
+            items = [
+                {
+                    k: v
+                    for k, v in _dra_from_v1(kind, o, version).items()
+                    if k not in ("kind", "apiVersion")
+                }
+                for _, o in selected()
+            ]
+            await _respond(
+                writer,
+                200,
+                {
+                    "kind": f"{kind.kind}List",
+                    "apiVersion": _dra_api_version(version),
+                    "metadata": {"resourceVersion": str(self._rv)},
+                    "items": items,
+                },
+            )
+            return True
+        if verb == "deletecollection":
+            gone = [self._commit(kind, ns, n, None) for n, _ in selected()]
+            items = [_dra_from_v1(kind, o, version) for o in gone if o is not None]
+            await _respond(
+                writer,
+                200,
+                {
+                    "kind": f"{kind.kind}List",
+                    "apiVersion": _dra_api_version(version),
+                    "items": items,
+                },
+            )
+            return True
+        current = self._objects.get((kind.resource, ns, name or ""))
+        if verb == "get":
+            if current is None:
+                raise _not_found(kind, name or "")
+            await _respond(writer, 200, _dra_from_v1(kind, current, version))
+            return True
+        if verb == "delete":
+            assert name is not None
+            gone = self._commit(kind, ns, name, None)
+            if gone is None:
+                raise _not_found(kind, name)
+            await _respond(writer, 200, _dra_from_v1(kind, gone, version))
+            return True
+        body = _json_body(raw)
+        if not isinstance(body, dict):
+            raise _bad_request("the body of the request must be a JSON object")
+        if verb == "patch":
+            if current is None:
+                raise _not_found(kind, name or "")
+            body = merge_patch(_dra_from_v1(kind, current, version), body)
+        return await self._write_dra(writer, kind, version, ns, name, current, body, query)
+
+    async def _write_dra(
+        self,
+        writer: asyncio.StreamWriter,
+        kind: _Kind,
+        version: str,
+        namespace: str,
+        name: str | None,
+        current: dict[str, Any] | None,
+        body: dict[str, Any],
+        query: dict[str, str],
+    ) -> bool:
+        """create (name None), update or patch: checks, then store."""
+        api_version = _dra_api_version(version)
+        if body.get("kind") not in (None, kind.kind) or body.get("apiVersion") not in (
+            None,
+            api_version,
+        ):
+            raise _bad_request(
+                f"the API version in the data ({body.get('apiVersion')}) does not match the "
+                f"expected API version ({api_version}) or kind ({body.get('kind')}) is not "
+                f"{kind.kind}"
+            )
+        body = {**body, "kind": kind.kind, "apiVersion": api_version}
+        meta = body.get("metadata")
+        if not isinstance(meta, dict):
+            raise _bad_request("metadata: expected an object")
+        if kind.namespaced and meta.get("namespace") not in (None, "", namespace):
+            raise _bad_request("the namespace of the object does not match the request's")
+        if name is None:  # create
+            name = meta.get("name") or ""
+            if not name and meta.get("generateName"):
+                name = meta["generateName"] + "".join(
+                    random.choices("bcdfghjklmnpqrstvwxz2456789", k=5)
+                )
+            if not name:
+                raise _invalid(
+                    kind,
+                    "",
+                    [("metadata.name", "Required value: name or generateName is required")],
+                )
+            if (kind.resource, namespace, name) in self._objects:
+                raise _ApiError(
+                    _status(
+                        409,
+                        "AlreadyExists",
+                        f'{kind.resource}.{RESOURCE_GROUP} "{name}" already exists',
+                        {"name": name, "kind": kind.resource},
+                    )
+                )
+            base = self._new(kind, namespace, name)["metadata"]
+            code = 201
+        else:
+            if current is None:
+                raise _not_found(kind, name)
+            wanted = meta.get("resourceVersion")
+            if wanted not in (None, "", current["metadata"]["resourceVersion"]):
+                raise _ApiError(
+                    _status(
+                        409,
+                        "Conflict",
+                        f"Operation cannot be fulfilled on {kind.resource}.{RESOURCE_GROUP} "
+                        f'"{name}": the object has been modified; please apply your changes to '
+                        "the latest version and try again",
+                        {"name": name, "kind": kind.resource},
+                    )
+                )
+            if meta.get("name") not in (None, name):
+                raise _bad_request("the name of the object does not match the name on the URL")
+            base = {k: v for k, v in current["metadata"].items() if k != "resourceVersion"}
+            code = 200
+        kept = ("name", "namespace", "uid", "creationTimestamp")
+        body["metadata"] = {
+            **{k: v for k, v in meta.items() if k not in (*kept, "resourceVersion")},
+            **{k: v for k, v in base.items() if k in kept},
+        }
+        _dra_validate(kind, body, version)
+        obj = _dra_to_v1(kind, body, version)
+        if query.get("dryRun") != "All":
+            stored = self._commit(kind, namespace, name, obj)
+            assert stored is not None
+            obj = stored
+        await _respond(writer, code, _dra_from_v1(kind, obj, version))
+        return True
+
+    @staticmethod
+    def _authorize_dra(
+        perms: Permissions | None, verb: str, kind: _Kind, namespace: str | None, name: str | None
+    ) -> None:
+        if perms is None or (verb, kind.resource) in perms:
+            return
+        user = getattr(perms, "user", DEFAULT_USER)
+        where = f'in the namespace "{namespace}"' if namespace else "at the cluster scope"
+        reason = (
+            f'User "{user}" cannot {verb} resource "{kind.resource}" in API group '
+            f'"{RESOURCE_GROUP}" {where}'
+        )
+        subject = (
+            f'{kind.resource}.{RESOURCE_GROUP} "{name}"'
+            if name
+            else f"{kind.resource}.{RESOURCE_GROUP}"
+        )
+        details: dict[str, Any] = {"group": RESOURCE_GROUP, "kind": kind.resource}
+        if name:
+            details = {"name": name, **details}
+        raise _ApiError(_status(403, "Forbidden", f"{subject} is forbidden: {reason}", details))
+
+
+# -- resource.k8s.io (DRA): ResourceSlices, ResourceClaims, DeviceClasses, discovery --------------
+#
+# Stored in the v1 shape and converted on the way in and out for v1beta1, as kube-apiserver
+# converts between the versions it serves: a v1beta1 device wraps its attributes and capacity in
+# `basic`, a v1beta1 request names its class and selectors directly instead of under `exactly`.
+# Served verbs: get, list (field and label selectors), create, update (PUT, resourceVersion
+# checked when given), merge PATCH, delete and deletecollection; no watch. ResourceSlices are
+# validated with the API's own limits (422), since a plugin must keep them.
+
+RESOURCE_GROUP = "resource.k8s.io"
+DRA_RESOURCES = ("resourceslices", "resourceclaims", "deviceclasses")
+_DRA_KINDS = {
+    "resourceslices": _Kind(
+        "resourceslices", "ResourceSlice", False, ("metadata.name", "spec.nodeName", "spec.driver")
+    ),
+    "resourceclaims": _Kind("resourceclaims", "ResourceClaim", True, _META_FIELDS),
+    "deviceclasses": _Kind("deviceclasses", "DeviceClass", False, ("metadata.name",)),
+}
+_DNS_LABEL = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
+_C_IDENTIFIER = r"[A-Za-z_][A-Za-z0-9_]*"
+
+
+def _dra_api_version(version: str) -> str:
+    return f"{RESOURCE_GROUP}/{version}"
+
+
+def _dra_to_v1(kind: _Kind, obj: dict[str, Any], version: str) -> dict[str, Any]:
+    """An object as a client of `version` sent it, in the stored (v1) shape."""
+    obj = copy.deepcopy(obj)
+    obj["apiVersion"] = _dra_api_version("v1")
+    spec = obj.get("spec")
+    if version == "v1beta1" and isinstance(spec, dict):
+        if kind.resource == "resourceslices":
+            spec["devices"] = [
+                {"name": d.get("name"), **(d.get("basic") or {})} if isinstance(d, dict) else d
+                for d in spec.get("devices") or []
+            ]
+        if kind.resource == "resourceclaims":
+            devices = spec.get("devices") or {}
+            requests = []
+            for request in devices.get("requests") or []:
+                if isinstance(request, dict) and "deviceClassName" in request:
+                    exactly = {k: v for k, v in request.items() if k != "name"}
+                    request = {"name": request.get("name"), "exactly": exactly}
+                requests.append(request)
+            if devices:
+                devices["requests"] = requests
+    return obj
+
+
+def _dra_from_v1(kind: _Kind, obj: dict[str, Any], version: str) -> dict[str, Any]:
+    """A stored object as a client of `version` reads it."""
+    obj = copy.deepcopy(obj)
+    obj["apiVersion"] = _dra_api_version(version)
+    spec = obj.get("spec")
+    if version == "v1beta1" and isinstance(spec, dict):
+        if kind.resource == "resourceslices":
+            spec["devices"] = [
+                {"name": d["name"], "basic": {k: v for k, v in d.items() if k != "name"}}
+                for d in spec.get("devices") or []
+            ]
+        if kind.resource == "resourceclaims":
+            for request in (spec.get("devices") or {}).get("requests") or []:
+                exactly = request.pop("exactly", None)
+                if exactly is not None:
+                    request.update(exactly)
+    return obj
+
+
+def _slice_errors(obj: dict[str, Any], version: str) -> list[tuple[str, str]]:
+    """The rules of ResourceSlice validation a plugin can break (a subset, same limits)."""
+    spec = obj.get("spec")
+    if not isinstance(spec, dict):
+        return [("spec", "Required value")]
+    errors: list[tuple[str, str]] = []
+    driver = spec.get("driver") or ""
+    if not driver or len(driver) > 63 or not re.fullmatch(_DNS_SUBDOMAIN, driver):
+        errors.append(("spec.driver", f'Invalid value: "{driver}": must be a DNS subdomain'))
+    pool = spec.get("pool") or {}
+    if not pool.get("name"):
+        errors.append(("spec.pool.name", "Required value"))
+    if not isinstance(pool.get("generation"), int) or pool["generation"] < 0:
+        errors.append(("spec.pool.generation", "Invalid value: must be >= 0"))
+    if not isinstance(pool.get("resourceSliceCount"), int) or pool["resourceSliceCount"] < 1:
+        errors.append(("spec.pool.resourceSliceCount", "Invalid value: must be > 0"))
+    placements = [k for k in ("nodeName", "nodeSelector", "allNodes") if spec.get(k)]
+    if len(placements) != 1:
+        errors.append(("spec", "Invalid value: exactly one of nodeName, nodeSelector, allNodes"))
+    devices = spec.get("devices") or []
+    if len(devices) > 128:
+        errors.append(("spec.devices", f"Too many: {len(devices)}: must have at most 128 items"))
+    names: set[str] = set()
+    for i, device in enumerate(devices):
+        where = f"spec.devices[{i}]"
+        name = device.get("name") or ""
+        if len(name) > 63 or not re.fullmatch(_DNS_LABEL, name):
+            errors.append((f"{where}.name", f'Invalid value: "{name}": must be a DNS label'))
+        if name in names:
+            errors.append((f"{where}.name", f'Duplicate value: "{name}"'))
+        names.add(name)
+        body = device.get("basic") if version == "v1beta1" else device
+        if version == "v1beta1" and not isinstance(body, dict):
+            errors.append((f"{where}.basic", "Required value"))
+            continue
+        if version == "v1" and "basic" in device:
+            errors.append((f"{where}.basic", "Forbidden: not a field of resource.k8s.io/v1"))
+        attributes = body.get("attributes") or {}
+        capacity = body.get("capacity") or {}
+        if len(attributes) + len(capacity) > 32:
+            errors.append((where, "Too many: attributes and capacities: at most 32"))
+        for key, value in attributes.items():
+            base = key.rpartition("/")[2]
+            if len(base) > 32 or not re.fullmatch(_C_IDENTIFIER, base):
+                errors.append(
+                    (f"{where}.attributes", f'Invalid value: "{key}": not a C identifier')
+                )
+            kinds = [k for k in ("string", "int", "bool", "version") if k in (value or {})]
+            if len(kinds) != 1:
+                errors.append((f"{where}.attributes[{key}]", "Invalid value: exactly one value"))
+            elif kinds == ["string"] and len(str(value["string"])) > 64:
+                errors.append((f"{where}.attributes[{key}].string", "Too long: at most 64"))
+        for key, value in capacity.items():
+            if not isinstance(value, dict) or "value" not in value:
+                errors.append((f"{where}.capacity[{key}]", "Required value: value"))
+    return errors
+
+
+def _dra_validate(kind: _Kind, obj: dict[str, Any], version: str) -> None:
+    meta = obj.get("metadata")
+    if not isinstance(meta, dict):
+        raise _bad_request("metadata: expected an object")
+    _check_string_map(meta.get("labels"), "metadata.labels")
+    name = str(meta.get("name", ""))
+    errors: list[tuple[str, str]] = []
+    if kind.resource == "resourceslices":
+        errors = _slice_errors(obj, version)
+    elif kind.resource == "deviceclasses":
+        for i, selector in enumerate((obj.get("spec") or {}).get("selectors") or []):
+            if not ((selector or {}).get("cel") or {}).get("expression"):
+                errors.append((f"spec.selectors[{i}].cel.expression", "Required value"))
+    if errors:
+        raise _invalid(kind, name, errors)
+
+
+def _dra_discovery(path: list[str], versions: Iterable[str]) -> dict[str, Any] | None:
+    """The discovery documents of the group: /apis, /apis/<group>, /apis/<group>/<version>."""
+    served = [{"groupVersion": _dra_api_version(v), "version": v} for v in versions]
+    group = {
+        "name": RESOURCE_GROUP,
+        "versions": served,
+        "preferredVersion": served[0] if served else {},
+    }
+    if path == ["apis"]:
+        return {"kind": "APIGroupList", "apiVersion": "v1", "groups": [group] if served else []}
+    if path == ["apis", RESOURCE_GROUP] and served:
+        return {"kind": "APIGroup", "apiVersion": "v1", **group}
+    if len(path) == 3 and path[:2] == ["apis", RESOURCE_GROUP] and path[2] in versions:
+        verbs = ["create", "delete", "deletecollection", "get", "list", "patch", "update"]
+        return {
+            "kind": "APIResourceList",
+            "apiVersion": "v1",
+            "groupVersion": _dra_api_version(path[2]),
+            "resources": [
+                {"name": k.resource, "namespaced": k.namespaced, "kind": k.kind, "verbs": verbs}
+                for k in _DRA_KINDS.values()
+            ],
+        }
+    return None
 
 
 # -- wire helpers --------------------------------------------------------------------------------

@@ -1,0 +1,128 @@
+"""Keeping the node's DRA pool published: one writer, always the newest pool.
+
+The pool is a value of three inputs: what the node serves (`PoolState`: the plan with health
+applied), and the devices prepared claims hold. Whatever changes one of them marks the pool
+dirty; one task writes the newest pool, so a burst of reloads or health events is one write and
+two writers never race. A failed write is retried with backoff (0.2 s doubling to 10 s by
+default). Held devices the plan dropped stay published until their claim is unprepared (the
+draining rule, `plan.dra.pool_devices`). `registered()` asks for a forced publish, which checks
+the API and rewrites what the kubelet deleted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Mapping
+
+from sharing_plugin.dra.prepare import PoolState
+from sharing_plugin.dra.slices import SlicePublisher
+from sharing_plugin.errors import KubeApiError
+from sharing_plugin.observability.status import StatusBoard
+from sharing_plugin.plan.dra import PublishedDevice, pool_devices
+
+log = logging.getLogger(__name__)
+
+
+class PoolKeeper:
+    """Publishes the pool through `publisher` whenever it changes; see the module docstring."""
+
+    def __init__(
+        self,
+        publisher: SlicePublisher,
+        *,
+        held: Callable[[], Mapping[str, PublishedDevice]],
+        status: StatusBoard,
+        registered: Callable[[], bool],
+        backoff_s: tuple[float, float] = (0.2, 10.0),
+    ) -> None:
+        self.publisher = publisher
+        self._held = held
+        self._status = status
+        self._registered = registered
+        self._backoff_s = backoff_s
+        self.state: PoolState | None = None
+        self._dirty = asyncio.Event()
+        self._force = False
+        self._published = asyncio.Condition()
+
+    def set_state(self, state: PoolState) -> None:
+        """The node serves `state` now."""
+        self.state = state
+        self._dirty.set()
+
+    def changed(self) -> None:
+        """The devices prepared claims hold changed."""
+        self._dirty.set()
+
+    def registered(self) -> None:
+        """The kubelet (re)registered the plugin: make sure the API holds the pool."""
+        self._force = True
+        self._dirty.set()
+        self._update_status()
+
+    def pool(self) -> tuple[PublishedDevice, ...]:
+        """What the pool should hold now: the plan's healthy devices and the draining ones."""
+        held = self._held()
+        devices = tuple(self.state.devices.values()) if self.state is not None else ()
+        return pool_devices(devices, held=held.keys(), kept=held)
+
+    async def run(self) -> None:
+        """Publish every change until cancelled."""
+        low, high = self._backoff_s
+        delay = low
+        while True:
+            await self._dirty.wait()
+            self._dirty.clear()
+            force, self._force = self._force, False
+            try:
+                await self.publisher.publish(self.pool(), force=force)
+            except KubeApiError as exc:
+                log.warning("publishing ResourceSlices: %s; retrying in %.1f s", exc, delay)
+                self._force = self._force or force
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, high)
+                self._dirty.set()
+                continue
+            delay = low
+            self._update_status()
+            async with self._published:
+                self._published.notify_all()
+
+    async def wait_published(
+        self,
+        predicate: Callable[[tuple[PublishedDevice, ...]], bool],
+        timeout: float = 5.0,  # noqa: ASYNC109
+    ) -> tuple[PublishedDevice, ...]:
+        """What was published, once it satisfies `predicate` (TimeoutError otherwise)."""
+
+        def done() -> bool:
+            published = self.publisher.published
+            return published is not None and predicate(published)
+
+        async with asyncio.timeout(timeout), self._published:
+            await self._published.wait_for(done)
+        published = self.publisher.published
+        assert published is not None
+        return published
+
+    def _update_status(self) -> None:
+        """/status per resource: devices published, healthy ones, draining ones, registered."""
+        published = self.publisher.published
+        if published is None or self.state is None:
+            return
+        counts: dict[str, tuple[int, int, list[str]]] = {}
+        for device in published:
+            resource = str(device.attributes["resource"]["string"])
+            total, healthy, draining = counts.get(resource, (0, 0, []))
+            if device.name in self.state.devices:
+                counts[resource] = (total + 1, healthy + 1, draining)
+            else:
+                counts[resource] = (total + 1, healthy, [*draining, device.name])
+        for name in set(self._status.resources) - set(counts):
+            self._status.remove_resource(name)
+        registered = self._registered()
+        for name, (total, healthy, draining) in counts.items():
+            self._status.set_resource(
+                name, devices=total, healthy=healthy, draining=draining, registered=registered
+            )

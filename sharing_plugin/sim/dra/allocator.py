@@ -1,0 +1,146 @@
+"""A small stand-in for the scheduler's DRA allocator, for tests and trying configs locally.
+
+In a cluster the scheduler's allocator (k8s.io/dynamic-resource-allocation/structured, with the
+full CEL environment) decides which devices a claim gets; this module only picks devices the
+way a simple claim would get them, so the plugin's prepare path can be exercised end to end
+without a scheduler:
+
+- devices come from the ResourceSlices given (v1 or v1beta1), newest pool generation only;
+- a request's DeviceClass selectors and its own selectors must all hold; the CEL understood is
+  the subset DeviceClasses and simple claims use: `&&` of comparisons (`==`, `!=`) between
+  `device.driver`, `device.attributes["<domain>"].<name>` and string, int or bool literals;
+  anything else raises `AllocationFailed` naming the expression;
+- `allocationMode` ExactCount (`count`, default 1) or All; devices already allocated to other
+  claims are skipped; the first matching devices in slice order are taken.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+
+class AllocationFailed(Exception):
+    """The claim cannot be satisfied, or uses what this allocator does not understand."""
+
+
+DeviceKey = tuple[str, str, str]  # (driver, pool, device)
+
+_COMPARISON = re.compile(
+    r"""\s*(?P<left>device\.driver|device\.attributes\["(?P<domain>[^"]+)"\]\.(?P<name>\w+))
+        \s*(?P<op>==|!=)\s*
+        (?P<right>"(?:[^"\\]|\\.)*"|-?\d+|true|false)\s*""",
+    re.VERBOSE,
+)
+
+
+def _literal(text: str) -> object:
+    if text in ("true", "false"):
+        return text == "true"
+    return json.loads(text)
+
+
+def _device_view(driver: str, device: Mapping[str, Any]) -> dict[str, Any]:
+    """driver, name and attributes by (domain, name) of a device of either version."""
+    body = device.get("basic") or device
+    attributes: dict[tuple[str, str], object] = {}
+    for key, value in (body.get("attributes") or {}).items():
+        domain, _, name = key.rpartition("/")
+        attributes[(domain or driver, name)] = next(iter(value.values()))
+    return {"driver": driver, "name": device["name"], "attributes": attributes}
+
+
+def matches(expression: str, view: Mapping[str, Any]) -> bool:
+    """Whether the device `view` satisfies a CEL expression of the understood subset."""
+    for term in expression.split("&&"):
+        m = _COMPARISON.fullmatch(term)
+        if m is None:
+            raise AllocationFailed(f"the test allocator does not understand CEL {expression!r}")
+        if m["domain"] is None:
+            left: object = view["driver"]
+        else:
+            key = (m["domain"], m["name"])
+            if key not in view["attributes"]:
+                return False  # a missing attribute is a runtime error in CEL: no match
+            left = view["attributes"][key]
+        right = _literal(m["right"])
+        if (left == right) != (m["op"] == "=="):
+            return False
+    return True
+
+
+def _selectors(selectors: Iterable[Mapping[str, Any]] | None) -> list[str]:
+    return [s["cel"]["expression"] for s in selectors or () if "cel" in s]
+
+
+def candidates(slices: Sequence[Mapping[str, Any]]) -> list[tuple[DeviceKey, dict[str, Any]]]:
+    """Every device of the newest generation of each pool, in slice order."""
+    newest: dict[tuple[str, str], int] = {}
+    for s in slices:
+        spec = s["spec"]
+        key = (spec["driver"], spec["pool"]["name"])
+        newest[key] = max(newest.get(key, 0), int(spec["pool"]["generation"]))
+    found: list[tuple[DeviceKey, dict[str, Any]]] = []
+    for s in slices:
+        spec = s["spec"]
+        pool = spec["pool"]
+        if int(pool["generation"]) != newest[(spec["driver"], pool["name"])]:
+            continue
+        for device in spec.get("devices") or ():
+            device_key = (str(spec["driver"]), str(pool["name"]), str(device["name"]))
+            found.append((device_key, _device_view(spec["driver"], device)))
+    return found
+
+
+def allocated_devices(claims: Iterable[Mapping[str, Any]]) -> set[DeviceKey]:
+    """The devices the given claims' allocations hold."""
+    held: set[DeviceKey] = set()
+    for claim in claims:
+        allocation = (claim.get("status") or {}).get("allocation") or {}
+        for r in (allocation.get("devices") or {}).get("results") or ():
+            held.add((r["driver"], r["pool"], r["device"]))
+    return held
+
+
+def allocate(
+    claim: Mapping[str, Any],
+    *,
+    slices: Sequence[Mapping[str, Any]],
+    classes: Sequence[Mapping[str, Any]],
+    allocated: Iterable[DeviceKey] = (),
+) -> dict[str, Any]:
+    """The `status.allocation` the claim gets; raises AllocationFailed when it cannot."""
+    by_name = {c["metadata"]["name"]: c for c in classes}
+    taken = set(allocated)
+    pool = candidates(slices)
+    results = []
+    for request in claim["spec"]["devices"]["requests"]:
+        wanted = request.get("exactly") or request  # v1 nests it, v1beta1 does not
+        class_name = wanted.get("deviceClassName")
+        device_class = by_name.get(class_name)
+        if device_class is None:
+            raise AllocationFailed(f"request {request['name']}: no DeviceClass {class_name!r}")
+        expressions = [
+            *_selectors(device_class.get("spec", {}).get("selectors")),
+            *_selectors(wanted.get("selectors")),
+        ]
+        fitting = [
+            key
+            for key, view in pool
+            if key not in taken and all(matches(e, view) for e in expressions)
+        ]
+        mode = wanted.get("allocationMode", "ExactCount")
+        count = len(fitting) if mode == "All" else int(wanted.get("count", 1))
+        if len(fitting) < count or count == 0:
+            raise AllocationFailed(
+                f"request {request['name']}: {len(fitting)} free device(s) of class "
+                f"{class_name} match, {count if count else 'at least one'} needed"
+            )
+        for driver, pool_name, device in fitting[:count]:
+            taken.add((driver, pool_name, device))
+            results.append(
+                {"request": request["name"], "driver": driver, "pool": pool_name, "device": device}
+            )
+    return {"devices": {"results": results}}
