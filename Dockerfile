@@ -6,9 +6,17 @@
 # away: all capabilities dropped, no privilege escalation, read-only root filesystem, the
 # RuntimeDefault seccomp profile. NVML comes from the host driver, injected by the NVIDIA
 # container runtime (NVIDIA_VISIBLE_DEVICES / NVIDIA_DRIVER_CAPABILITIES below), not from this image.
+#
+# Every Python package the image installs, the build backend included, is pinned by
+# constraints/docker.txt (`make lock` rewrites it), so a rebuild of a commit gets the same
+# versions. PIP_CONSTRAINT, unlike -c, also reaches the isolated environment that builds this
+# project's wheel.
 FROM python:3.11-slim AS build
 WORKDIR /src
-COPY pyproject.toml README.md ./
+COPY constraints/docker.txt ./constraints/docker.txt
+ENV PIP_CONSTRAINT=/src/constraints/docker.txt \
+    PIP_DISABLE_PIP_VERSION_CHECK=1
+COPY pyproject.toml README.md LICENSE ./
 COPY sharing_plugin ./sharing_plugin
 RUN pip wheel --no-cache-dir --wheel-dir /wheels .
 
