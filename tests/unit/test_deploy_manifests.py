@@ -1,4 +1,4 @@
-"""deploy/ and the Dockerfile agree with what `sharing-plugin run` expects (DESIGN §3)."""
+"""deploy/ and the Dockerfile agree with what `sharing-plugin run` expects (docs/contract.md)."""
 
 from __future__ import annotations
 
@@ -13,22 +13,17 @@ from typing import Any
 import pytest
 import yaml
 
+from sharing_plugin.cli.run import RUN_FLAGS, SOURCE_FLAGS
 from sharing_plugin.observability import parse_metrics_address
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
 CONFIGMAP_NAME = "sharing-plugin-config"
 
-# The env var behind each `run` flag (DESIGN §3); NVIDIA_* are read by the NVIDIA container runtime.
-RUN_ENV_VARS = {
-    "CONFIG_FILE",
-    "CONFIG_NAME",
-    "GPUS",
-    "KUBELET_DIR",
-    "NODE_NAME",
-    "METRICS_ADDRESS",
-    "LOG_FORMAT",
-}
+# The env var behind each `run` flag (docs/contract.md); NVIDIA_* are read by the NVIDIA
+# container runtime; POD_NAMESPACE (downward API) only feeds CONFIG_MAP's `$(POD_NAMESPACE)`.
+RUN_ENV_VARS = {env for _, env, _, _ in (*SOURCE_FLAGS, *RUN_FLAGS)}
+EXPANDED_ONLY = {"POD_NAMESPACE"}
 
 
 def manifests() -> dict[str, list[dict[str, Any]]]:
@@ -74,7 +69,9 @@ def test_every_manifest_is_kubernetes_yaml() -> None:
 
 
 def test_env_names_are_run_flags_or_nvidia_runtime_settings() -> None:
-    unknown = {n for n in env() if n not in RUN_ENV_VARS and not n.startswith("NVIDIA_")}
+    unknown = {
+        n for n in env() if n not in RUN_ENV_VARS | EXPANDED_ONLY and not n.startswith("NVIDIA_")
+    }
     assert not unknown, f"`run` reads no such env var: {sorted(unknown)}"
     assert env()["NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
     assert env()["NVIDIA_VISIBLE_DEVICES"]["value"] == "all"
@@ -139,19 +136,59 @@ def test_pod_is_node_critical_tolerates_gpu_taints_and_runs_locked_down() -> Non
     assert not pod.get("hostPID", False)
 
 
-def test_service_account_may_get_and_watch_nodes_and_nothing_else() -> None:
+def test_config_map_is_read_through_the_api_with_the_mount_as_fallback() -> None:
+    (configmap,) = objects("ConfigMap")
+    name, namespace = configmap["metadata"]["name"], configmap["metadata"]["namespace"]
+    # CONFIG_MAP is NAMESPACE/NAME with the pod's own namespace from the downward API, so the
+    # kustomization's `namespace` moves it along with the ConfigMap.
+    assert env()["POD_NAMESPACE"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.namespace"
+    names = list(env())
+    assert names.index("POD_NAMESPACE") < names.index("CONFIG_MAP"), "$(VAR) needs VAR first"
+    assert env()["CONFIG_MAP"]["value"] == f"$(POD_NAMESPACE)/{name}"
+    assert the_daemonset()["metadata"]["namespace"] == namespace
+    volumes = {v["name"]: v for v in the_daemonset()["spec"]["template"]["spec"]["volumes"]}
+    mounts = {m["mountPath"]: m["name"] for m in the_container()["volumeMounts"]}
+    assert volumes[mounts[env()["CONFIG_FILE"]["value"]]]["configMap"]["name"] == name
+    assert env()["NODE_STATUS"]["value"] == "on"
+
+
+def test_rbac_grants_exactly_what_the_code_asks_for() -> None:
+    """The rules, written out; tests/integration/test_deploy_rbac.py shows the daemon needs
+    every one of them and nothing else, against a fake API server that enforces them."""
     account = the_daemonset()["spec"]["template"]["spec"]["serviceAccountName"]
     (service_account,) = objects("ServiceAccount")
     assert service_account["metadata"]["name"] == account
-    (role,) = objects("ClusterRole")
-    # Exactly what the node label follower does: GET its Node, then WATCH it by field selector.
-    # It never lists nodes, so `list` would only widen what a stolen token can read.
-    assert role["rules"] == [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "watch"]}]
-    (binding,) = objects("ClusterRoleBinding")
-    assert binding["roleRef"]["name"] == role["metadata"]["name"]
-    assert {"kind": "ServiceAccount", "name": account, "namespace": "kube-system"} in binding[
-        "subjects"
+    subject = {"kind": "ServiceAccount", "name": account, "namespace": "kube-system"}
+    (cluster_role,) = objects("ClusterRole")
+    # GET its Node, WATCH it by field selector (never list), PATCH its labels and annotation;
+    # create Events in `default` and patch them to bump a repeat's count.
+    assert cluster_role["rules"] == [
+        {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "watch", "patch"]},
+        {"apiGroups": [""], "resources": ["events"], "verbs": ["create", "patch"]},
     ]
+    (cluster_binding,) = objects("ClusterRoleBinding")
+    assert cluster_binding["roleRef"]["name"] == cluster_role["metadata"]["name"]
+    assert cluster_binding["subjects"] == [subject]
+    (role,) = objects("Role")
+    (configmap,) = objects("ConfigMap")
+    # Only the one ConfigMap, only in its namespace, only get and watch.
+    assert role["metadata"]["namespace"] == configmap["metadata"]["namespace"]
+    assert role["rules"] == [
+        {
+            "apiGroups": [""],
+            "resources": ["configmaps"],
+            "resourceNames": [configmap["metadata"]["name"]],
+            "verbs": ["get", "watch"],
+        }
+    ]
+    (binding,) = objects("RoleBinding")
+    assert binding["metadata"]["namespace"] == role["metadata"]["namespace"]
+    assert binding["roleRef"] == {
+        "apiGroup": "rbac.authorization.k8s.io",
+        "kind": "Role",
+        "name": role["metadata"]["name"],
+    }
+    assert binding["subjects"] == [subject]
 
 
 def test_kustomization_lists_every_manifest() -> None:
@@ -223,13 +260,28 @@ def kubelet_paths(pod: dict[str, Any]) -> dict[str, str]:
 def test_kustomize_builds() -> None:
     docs = kustomize(DEPLOY)
     kinds = [doc["kind"] for doc in docs]
-    assert {"DaemonSet", "ConfigMap", "ServiceAccount", "ClusterRoleBinding"} <= set(kinds)
+    assert {
+        "DaemonSet",
+        "ConfigMap",
+        "ServiceAccount",
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "Role",
+        "RoleBinding",
+    } <= set(kinds)
     assert "runtimeClassName" not in rendered_pod(docs)
 
 
 def test_the_components_are_the_documented_ones() -> None:
     on_disk = {p.name for p in COMPONENTS.iterdir() if p.is_dir()}
-    assert on_disk == {"runtime-class-nvidia", "kubelet-dir-k0s", "image"}
+    assert on_disk == {
+        "runtime-class-nvidia",
+        "kubelet-dir-k0s",
+        "image",
+        "labels",
+        "node-labels",
+        "no-api",
+    }
     for name in on_disk:
         assert (
             yaml.safe_load((COMPONENTS / name / "kustomization.yaml").read_text())["kind"]
@@ -271,9 +323,56 @@ def test_image_component(tmp_path: Path) -> None:
     assert container["image"] == "registry.example.com/gpu-sharing-plugin:0.1.0"
 
 
+def rendered_env(docs: list[dict[str, Any]]) -> dict[str, Any]:
+    (container,) = rendered_pod(docs)["containers"]
+    return {item["name"]: item.get("value", item.get("valueFrom")) for item in container["env"]}
+
+
+NFD_FEATURES = "/etc/kubernetes/node-feature-discovery/features.d"
+
+
+@needs_kubectl
+def test_labels_component_writes_the_nfd_feature_file(tmp_path: Path) -> None:
+    docs = with_components(tmp_path, "labels")
+    pod = rendered_pod(docs)
+    labels_file = PurePosixPath(rendered_env(docs)["LABELS_FILE"])
+    (container,) = pod["containers"]
+    mounts = {m["name"]: m for m in container["volumeMounts"]}
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    (name,) = [n for n, m in mounts.items() if PurePosixPath(m["mountPath"]) == labels_file.parent]
+    # NFD's worker reads the host's features.d; the file is written there by temp file + rename,
+    # so the directory itself is mounted read-write (the root filesystem stays read-only).
+    assert volumes[name]["hostPath"]["path"] == NFD_FEATURES == str(labels_file.parent)
+    assert not mounts[name].get("readOnly", False)
+    assert "NODE_LABELS" not in rendered_env(docs)
+
+
+@needs_kubectl
+def test_node_labels_component_turns_node_labels_on(tmp_path: Path) -> None:
+    docs = with_components(tmp_path, "node-labels")
+    assert rendered_env(docs)["NODE_LABELS"] == "on"
+    # The same permissions: node labels use the patch on nodes that node status needs.
+    base = {d["kind"]: d for d in kustomize(DEPLOY) if d["kind"] in ("ClusterRole", "Role")}
+    assert {d["kind"]: d for d in docs if d["kind"] in ("ClusterRole", "Role")} == base
+
+
+@needs_kubectl
+def test_no_api_component_reads_the_mounted_copy_only(tmp_path: Path) -> None:
+    docs = with_components(tmp_path, "no-api")
+    env_ = rendered_env(docs)
+    assert "CONFIG_MAP" not in env_ and "POD_NAMESPACE" not in env_
+    assert env_["CONFIG_FILE"] == "/etc/sharing-plugin/config"
+    assert env_["NODE_STATUS"] == "on"  # the Node is still told what happened
+    kinds = sorted(d["kind"] for d in docs)
+    assert "Role" not in kinds and "RoleBinding" not in kinds  # no ConfigMap permission
+    assert "ClusterRole" in kinds and "ConfigMap" in kinds
+
+
 @needs_kubectl
 def test_components_combine(tmp_path: Path) -> None:
-    docs = with_components(tmp_path, "runtime-class-nvidia", "kubelet-dir-k0s", "image")
+    docs = with_components(
+        tmp_path, "runtime-class-nvidia", "kubelet-dir-k0s", "image", "labels", "node-labels"
+    )
     pod = rendered_pod(docs)
     assert pod["runtimeClassName"] == "nvidia"
     assert set(kubelet_paths(pod).values()) == {
@@ -282,6 +381,7 @@ def test_components_combine(tmp_path: Path) -> None:
         "/var/lib/k0s/kubelet/pod-resources",
     }
     assert pod["containers"][0]["image"].startswith("registry.example.com/")
+    assert rendered_env(docs)["NODE_LABELS"] == "on" and "LABELS_FILE" in rendered_env(docs)
     # everything else is the base's: the same objects, the same namespace
     assert sorted(d["kind"] for d in docs) == sorted(d["kind"] for d in kustomize(DEPLOY))
 
