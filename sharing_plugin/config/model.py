@@ -11,16 +11,20 @@ place per section and reported together, each with the path it is about.
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import (
+    ConfigDict,
     Field,
     PlainValidator,
+    SerializerFunctionWrapHandler,
     StrictBool,
+    StrictFloat,
     StrictInt,
     StrictStr,
     WithJsonSchema,
     field_validator,
+    model_serializer,
     model_validator,
 )
 from pydantic_core import PydanticCustomError
@@ -54,6 +58,7 @@ from sharing_plugin.config.devices import (
 )
 from sharing_plugin.config.names import check_pattern
 from sharing_plugin.config.options import Flags, GfdFlags, Health, Imex, PluginFlags
+from sharing_plugin.config.quantity import MemoryMiB
 
 __all__ = [
     "DEFAULT_IGNORED_XIDS",
@@ -75,6 +80,7 @@ __all__ = [
     "MigIndexRef",
     "MigLayout",
     "MigStrategy",
+    "MpsResource",
     "MpsSharing",
     "Partitioning",
     "PluginFlags",
@@ -123,6 +129,75 @@ class ReplicatedResource(Strict):
     """Virtual devices per selected device (1 means not shared)."""
 
 
+def _sized_by_replicas_or_memory(schema: dict[str, Any]) -> None:
+    schema["oneOf"] = [{"required": ["replicas"]}, {"required": ["memoryPerReplica"]}]
+
+
+def _replicas_schema(schema: dict[str, Any]) -> None:
+    schema.pop("default", None)  # unset stands for "sized by memoryPerReplica"
+    schema["minimum"] = 1
+
+
+class MpsResource(ReplicatedResource):
+    """One `sharing.mps.resources` entry: clients per GPU and the limits the MPS daemon sets."""
+
+    model_config = ConfigDict(json_schema_extra=_sized_by_replicas_or_memory)
+
+    # 0 while unset: the replicas of each GPU then come from memoryPerReplica, at plan time.
+    replicas: StrictInt = Field(
+        default=0, ge=0, le=MAX_DEVICES_PER_RESOURCE, json_schema_extra=_replicas_schema
+    )
+    """Clients (virtual devices) per selected GPU; or set memoryPerReplica instead."""
+    memory_per_replica: MemoryMiB | None = None
+    """GPU memory per client instead of replicas (e.g. 10Gi): each GPU gets as many replicas as
+    its memory holds, each limited to this much pinned memory."""
+    active_thread_percentage: StrictInt | None = Field(default=None, ge=1, le=100)
+    """Percent of a GPU's threads each client may use (default: 100 / replicas)."""
+    pinned_memory_limit: MemoryMiB | None = None
+    """GPU memory each client may pin (e.g. 10Gi; default: GPU memory / replicas)."""
+    oversubscribe: (
+        Annotated[
+            StrictFloat | StrictInt,
+            Field(ge=1, le=16),
+            WithJsonSchema({"type": "number", "minimum": 1, "maximum": 16}),
+        ]
+        | None
+    ) = None
+    """Let the clients' memory limits on a GPU add up to this many times its memory (e.g.
+    1.5); a warning says where they do."""
+
+    @model_validator(mode="after")
+    def _sized_once(self) -> MpsResource:
+        issues = []
+        given = "replicas" in self.model_fields_set
+        if given and self.replicas < 1:
+            issues.append(rules.Issue(("replicas",), f"must be >= 1 (got {self.replicas})"))
+        if given and self.memory_per_replica is not None:
+            issues.append(
+                rules.Issue(
+                    ("memoryPerReplica",),
+                    "replicas and memoryPerReplica both size the resource: keep one of them",
+                )
+            )
+        if not given and self.memory_per_replica is None:
+            issues.append(
+                rules.Issue(
+                    (),
+                    "say how many clients share each GPU: set replicas (e.g. 4), or "
+                    "memoryPerReplica (e.g. 10Gi) to size them by GPU memory",
+                )
+            )
+        rules.raise_issues(issues)
+        return self
+
+    @model_serializer(mode="wrap")
+    def _dump(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        data: dict[str, Any] = handler(self)
+        if self.memory_per_replica is not None:
+            data.pop("replicas", None)
+        return data
+
+
 class Sharing(Strict):
     """`sharing.timeSlicing` or `sharing.mps`."""
 
@@ -163,6 +238,8 @@ class MpsSharing(Sharing):
 
     fail_requests_greater_than_one: StrictBool = True
     """Refuse containers that request more than one replica (MPS default: true)."""
+    resources: tuple[MpsResource, ...] = Field(json_schema_extra={"minItems": 1})
+    """The resources to share, each with its own MPS control daemon; at least one."""
 
 
 class SharingSection(Strict):

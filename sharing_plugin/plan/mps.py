@@ -23,8 +23,22 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from sharing_plugin.config.model import MpsResource, ReplicatedResource
+from sharing_plugin.config.quantity import dump_mib
+from sharing_plugin.errors import Problem
+from sharing_plugin.gpus.inventory import Gpu
+
 PIPE = "pipe"
 LOG = "log"
+
+# CUDA MPS serves at most 48 clients per GPU from Volta's successors with compute capability 7.5
+# on, 16 before (CUDA MPS documentation, "Limitations").
+MPS_CLIENTS_NEW = 48
+MPS_CLIENTS_OLD = 16
+
+
+def mps_client_limit(compute_capability: tuple[int, int]) -> int:
+    return MPS_CLIENTS_NEW if compute_capability >= (7, 5) else MPS_CLIENTS_OLD
 
 
 def resource_root(mps_root: str, resource: str) -> str:
@@ -116,7 +130,7 @@ def mps_daemon(resource: str, *, mps_root: str, gpus: Sequence[MpsGpu]) -> MpsDa
             pinned_memory_mib=(
                 g.share.pinned_memory_mib
                 if g.share.pinned_memory_mib is not None
-                else g.memory_mib // g.share.replicas
+                else g.memory_mib // max(1, g.share.replicas)  # 0: refused by the checks
             ),
         )
         for g in gpus
@@ -125,7 +139,7 @@ def mps_daemon(resource: str, *, mps_root: str, gpus: Sequence[MpsGpu]) -> MpsDa
         (
             g.share.active_thread_percentage
             if g.share.active_thread_percentage is not None
-            else max(1, 100 // g.share.replicas)
+            else max(1, 100 // max(1, g.share.replicas))
             for g in gpus
         ),
         default=100,
@@ -136,3 +150,74 @@ def mps_daemon(resource: str, *, mps_root: str, gpus: Sequence[MpsGpu]) -> MpsDa
         devices=devices,
         active_thread_percentage=threads,
     )
+
+
+def share_for(entry: ReplicatedResource, gpu: Gpu) -> MpsShare:
+    """What `entry` asks of `gpu`: replicas (from memoryPerReplica when set) and limits."""
+    if not isinstance(entry, MpsResource):
+        return MpsShare(entry.replicas)
+    if entry.memory_per_replica is not None:
+        room = int(gpu.memory_mib * (entry.oversubscribe or 1))
+        return MpsShare(
+            replicas=room // entry.memory_per_replica,
+            active_thread_percentage=entry.active_thread_percentage,
+            pinned_memory_mib=entry.pinned_memory_limit or entry.memory_per_replica,
+        )
+    return MpsShare(
+        replicas=entry.replicas,
+        active_thread_percentage=entry.active_thread_percentage,
+        pinned_memory_mib=entry.pinned_memory_limit,
+    )
+
+
+def gpu_problems(
+    entry: ReplicatedResource, share: MpsShare, gpu: Gpu, path: str
+) -> tuple[list[Problem], list[str]]:
+    """What is wrong (problems) or risky (warnings) with `share` on `gpu`."""
+    by_memory = isinstance(entry, MpsResource) and entry.memory_per_replica is not None
+    factor = (entry.oversubscribe if isinstance(entry, MpsResource) else None) or 1
+    what = f"GPU {gpu.index} ({gpu.product}, {dump_mib(gpu.memory_mib)})"
+    sized_at = f"{path}.memoryPerReplica" if by_memory else f"{path}.replicas"
+    if share.replicas < 1:
+        return [Problem(sized_at, f"{what} holds no client of this size: lower it")], []
+    problems: list[Problem] = []
+    limit = mps_client_limit(gpu.compute_capability)
+    if share.replicas > limit:
+        major, minor = gpu.compute_capability
+        fix = f"use at most {limit}"
+        if by_memory:
+            fix = f"raise it to at least {dump_mib(-(-int(gpu.memory_mib * factor) // limit))}"
+        problems.append(
+            Problem(
+                sized_at,
+                f"{share.replicas} replicas exceed the {limit} clients MPS serves on {what} "
+                f"(compute capability {major}.{minor}): {fix}",
+            )
+        )
+    pinned = share.pinned_memory_mib or gpu.memory_mib // share.replicas
+    pinned_at = f"{path}.pinnedMemoryLimit" if share.pinned_memory_mib is not None else sized_at
+    if isinstance(entry, MpsResource) and entry.pinned_memory_limit is not None:
+        pinned_at = f"{path}.pinnedMemoryLimit"
+    total = pinned * share.replicas
+    sums = f"{share.replicas} clients x {dump_mib(pinned)} = {dump_mib(total)}"
+    if pinned > gpu.memory_mib:
+        problems.append(
+            Problem(pinned_at, f"{dump_mib(pinned)} per client is more than all of {what}")
+        )
+    elif total > gpu.memory_mib * factor:
+        allowed = "" if factor == 1 else f" x oversubscribe {factor:g}"
+        problems.append(
+            Problem(
+                pinned_at,
+                f"{sums} exceed {what}{allowed}: lower the limit, or allow it with "
+                "oversubscribe (a factor, e.g. 1.5)",
+            )
+        )
+    if problems:
+        return problems, []
+    if total > gpu.memory_mib:
+        return [], [
+            f"{path}.oversubscribe: {sums} oversubscribe {what}: a client may fail to allocate "
+            "memory while the others use all of theirs"
+        ]
+    return [], []

@@ -27,19 +27,29 @@ from sharing_plugin.config.names import glob_matches
 from sharing_plugin.errors import Problem
 from sharing_plugin.gpus.inventory import Inventory
 from sharing_plugin.plan.model import ResourcePlan, VirtualDevice, replica_id
-from sharing_plugin.plan.mps import MpsDaemon, MpsGpu, MpsShare, mps_daemon
+from sharing_plugin.plan.mps import (
+    MPS_CLIENTS_NEW,
+    MPS_CLIENTS_OLD,
+    MpsDaemon,
+    MpsGpu,
+    MpsShare,
+    gpu_problems,
+    mps_client_limit,
+    mps_daemon,
+    share_for,
+)
 
 BaseDevices = dict[str, list[VirtualDevice]]
 """Resource name -> its devices before sharing, in GPU then MIG index order."""
 
-# CUDA MPS serves at most 48 clients per GPU from Volta's successors with compute capability 7.5
-# on, 16 before (CUDA MPS documentation, "Limitations").
-MPS_CLIENTS_NEW = 48
-MPS_CLIENTS_OLD = 16
-
-
-def mps_client_limit(compute_capability: tuple[int, int]) -> int:
-    return MPS_CLIENTS_NEW if compute_capability >= (7, 5) else MPS_CLIENTS_OLD
+__all__ = [
+    "MPS_CLIENTS_NEW",
+    "MPS_CLIENTS_OLD",
+    "BaseDevices",
+    "Shared",
+    "apply_sharing",
+    "mps_client_limit",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -198,7 +208,11 @@ class _Selector:
 
 
 def _mps_problems(
-    entry: ReplicatedResource, selected: list[VirtualDevice], path: str
+    entry: ReplicatedResource,
+    selected: list[VirtualDevice],
+    inventory: Inventory,
+    path: str,
+    warnings: list[str],
 ) -> list[Problem]:
     problems: list[Problem] = []
     migs = [d for d in selected if d.is_mig]
@@ -211,20 +225,16 @@ def _mps_problems(
                 "timeSlicing for MIG devices",
             )
         )
-    whole = [d for d in selected if not d.is_mig]
-    if whole:
-        tightest = min(whole, key=lambda d: mps_client_limit(d.compute_capability))
-        limit = mps_client_limit(tightest.compute_capability)
-        if entry.replicas > limit:
-            major, minor = tightest.compute_capability
-            problems.append(
-                Problem(
-                    f"{path}.replicas",
-                    f"{entry.replicas} replicas exceed the {limit} clients MPS serves on "
-                    f"{_describe(tightest)} (compute capability {major}.{minor}): use at most "
-                    f"{limit}",
-                )
-            )
+    # One report per kind of GPU: eight identical GPUs make one problem, not eight.
+    seen: set[tuple[str, int]] = set()
+    for d in selected:
+        gpu = inventory.gpu(d.gpu_uuid)
+        if d.is_mig or gpu is None or (gpu.product, gpu.memory_mib) in seen:
+            continue
+        seen.add((gpu.product, gpu.memory_mib))
+        found, risky = gpu_problems(entry, share_for(entry, gpu), gpu, path)
+        problems.extend(found)
+        warnings.extend(risky)
     return problems
 
 
@@ -248,7 +258,7 @@ def apply_sharing(
         path = f"{section}.resources[{i}]"
         selected = selector.select(entry, base.get(entry.name, []), path, problems, warnings)
         if kind is SharingKind.MPS:
-            problems.extend(_mps_problems(entry, selected, path))
+            problems.extend(_mps_problems(entry, selected, inventory, path, warnings))
         target = entry.rename or (
             f"{entry.name}.shared" if sharing.rename_by_default else entry.name
         )
@@ -264,12 +274,10 @@ def apply_sharing(
                     )
                 )
                 continue
-            shares[d.physical] = _Share(
-                target,
-                entry.replicas,
-                path,
-                mps=MpsShare(entry.replicas) if kind is SharingKind.MPS else None,
-            )
+            gpu = inventory.gpu(d.gpu_uuid)
+            mps = share_for(entry, gpu) if kind is SharingKind.MPS and gpu is not None else None
+            replicas = mps.replicas if mps is not None else entry.replicas
+            shares[d.physical] = _Share(target, max(replicas, 1), path, mps=mps)
 
     out: dict[str, list[VirtualDevice]] = {}
     feeds: dict[str, set[str]] = {}

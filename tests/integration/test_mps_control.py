@@ -133,3 +133,17 @@ async def test_a_broken_binary_is_retried_and_reported(short_dir: Path, gpus: st
     async with controller(config, short_dir / "missing", gpus=gpus):
         failed = await eventually_record(mps_root, lambda r: r.state is DaemonState.FAILED)
         assert failed.reason is not None and "cannot run the MPS control binary" in failed.reason
+
+
+async def test_sizes_and_limits_from_the_config_reach_the_daemon(
+    short_dir: Path, binary: Path, gpus: str
+) -> None:
+    mps_root = short_dir / "mps"
+    config = short_dir / "config.yaml"
+    config.write_text(
+        f"version: v1\nflags:\n  mpsRoot: {mps_root}\nsharing:\n  mps:\n    resources:\n"
+        "    - name: gpu\n      memoryPerReplica: 10Gi\n      activeThreadPercentage: 20\n"
+    )
+    async with controller(config, binary, gpus=gpus):
+        await eventually_record(mps_root, lambda r: r.state is DaemonState.READY)
+        assert limits_of(binary, pipe_of(mps_root), 2) == ("20.0", ["10240M", "10240M"])

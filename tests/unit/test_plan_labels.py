@@ -157,6 +157,17 @@ def expected(example_name: str, preset: str) -> dict[str, str] | None:
         }
     if example_name == "mps":
         return gpu_labels(preset, replicas=4, strategy="mps", suffix="-SHARED", mps=True)
+    if example_name == "mps-memory":  # memoryPerReplica 10Gi, renamed gpu-10gb
+        replicas = memory // 10240
+        strategy = "mps" if replicas > 1 else "none"
+        return {
+            **gpu_labels(preset, replicas=replicas, strategy=strategy, mps=True),
+            "nvidia.com/gpu-10gb.product": product,
+            "nvidia.com/gpu-10gb.count": str(6 if preset == "a100-mig-mixed" else count),
+            "nvidia.com/gpu-10gb.memory": str(memory),
+            "nvidia.com/gpu-10gb.replicas": str(replicas),
+            "nvidia.com/gpu-10gb.sharing-strategy": strategy,
+        }
     if example_name == "per-gpu-replicas":
         if preset == "workstation":  # GPUs 1-3 do not exist
             return None
@@ -224,6 +235,7 @@ def test_the_examples_checked_are_all_there_are() -> None:
         "mig-mixed",
         "mig-partitioning",
         "mps",
+        "mps-memory",
         "per-gpu-replicas",
         "reference-health",
         "reference-readme",
