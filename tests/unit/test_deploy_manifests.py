@@ -281,6 +281,7 @@ def test_the_components_are_the_documented_ones() -> None:
         "labels",
         "node-labels",
         "no-api",
+        "mps",
     }
     for name in on_disk:
         assert (
