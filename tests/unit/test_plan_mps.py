@@ -9,10 +9,11 @@ import pytest
 import yaml
 from plan_factory import gpu, gpu_uuid, mps, node, time_slicing
 
-from sharing_plugin.config import dump_config, parse_config
-from sharing_plugin.errors import ConfigError, PlanError
+from sharing_plugin.config import Config, dump_config, parse_config
+from sharing_plugin.config.model import Flags
+from sharing_plugin.errors import AllocationError, ConfigError, PlanError
 from sharing_plugin.gpus.inventory import Inventory
-from sharing_plugin.plan import plan
+from sharing_plugin.plan import allocate, plan
 
 GIB = 1024
 
@@ -171,3 +172,28 @@ def test_sizes_dump_and_load_back() -> None:
     assert "replicas" not in entry
     again = parse_config(yaml.safe_dump(dumped), file="d.yaml").config
     assert dump_config(again) == dumped
+
+
+@pytest.mark.parametrize(
+    "strategy",
+    ["envvar", "volume-mounts", "cdi-annotations", "cdi-cri", ["envvar", "cdi-cri"]],
+)
+def test_every_strategy_gets_the_pipe_directory_and_shm(strategy: object) -> None:
+    base = dump_config(mps({"name": "gpu", "replicas": 2}, failRequestsGreaterThanOne=False))
+    cfg = Config.model_validate({**base, "flags": {"plugin": {"deviceListStrategy": strategy}}})
+    (res,) = plan(cfg, mixed()).resources
+    given = allocate(res, [res.devices[0].id, res.devices[1].id], cfg.flags)
+    assert given.envs["CUDA_MPS_PIPE_DIRECTORY"] == "/mps/nvidia.com/gpu/pipe"
+    mounts = {m.container_path: m.host_path for m in given.mounts}
+    assert mounts["/mps/nvidia.com/gpu/pipe"] == "/run/nvidia/mps/nvidia.com/gpu/pipe"
+    assert mounts["/dev/shm"] == "/run/nvidia/mps/shm"
+
+
+def test_more_than_one_replica_follows_fail_requests_greater_than_one() -> None:
+    (refusing,) = plan(mps({"name": "gpu", "replicas": 2}), mixed()).resources
+    two = [refusing.devices[0].id, refusing.devices[1].id]
+    with pytest.raises(AllocationError, match="maximum request size for shared resources is 1"):
+        allocate(refusing, two, Flags())
+    allowing = mps({"name": "gpu", "replicas": 2}, failRequestsGreaterThanOne=False)
+    (res,) = plan(allowing, mixed()).resources
+    assert allocate(res, two, allowing.flags).physical == (gpu_uuid(0),)
