@@ -12,7 +12,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from sharing_plugin.cli import check, demo, mps, plan, run
+from sharing_plugin.cli import check, demo, dra, mps, plan, run
 from sharing_plugin.cli.common import EXIT_INVALID, EXIT_OK, EXIT_USAGE
 
 __all__ = ["EXIT_INVALID", "EXIT_OK", "EXIT_USAGE", "main"]
@@ -27,7 +27,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for command in (check, plan, run, mps, demo):
+    for command in (check, plan, run, dra, mps, demo):
         command.register(sub)
     return parser
 
