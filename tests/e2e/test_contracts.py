@@ -1,6 +1,7 @@
 """The contracts of docs/contract.md, checked on the real command line: what other tools and
-admins rely on (output line formats, exit codes, the `plan` JSON shape, the simulated node description
-format, `run`'s env vars, socket names, `/status`, advertised IDs and Allocate answers).
+admins rely on (output line formats, exit codes, the `plan` JSON shape, the simulated node
+description format, `run`'s env vars, socket names, `/status`, advertised IDs and Allocate
+answers).
 
 Each check runs `python -m sharing_plugin ...` as a child process, so argument parsing, exit
 codes and the split between stdout and stderr are the ones a user sees.

@@ -1,9 +1,9 @@
 """Broken config edits fuzzed through the daemon's real file watch.
 
 A bad edit must change nothing and say precisely what is wrong (docs/contract.md): the last
-good config keeps serving, kubelet sees the same devices, and `/status` shows one line `FILE:LINE:COL: ...`
-(no traceback, no Python repr). Writing the good config back is applied as usual. Each example
-is two round trips through the watch, so the count stays small.
+good config keeps serving, kubelet sees the same devices, and `/status` shows one line
+`FILE:LINE:COL: ...` (no traceback, no Python repr). Writing the good config back is applied as
+usual. Each example is two round trips through the watch, so the count stays small.
 """
 
 from __future__ import annotations
