@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import lightkube
-from kube_api import FakeKubeApi
+from kube_api import FakeKubeApi, Permissions
 
 from sharing_plugin.backends import backend_from_spec
 from sharing_plugin.daemon.dra import DraDaemon, DraOptions
@@ -138,16 +138,19 @@ async def dra_running(
     api: FakeKubeApi | None = None,
     wait_registered: bool = True,
     kubelet_wipes: bool = True,
+    permissions: Permissions | None = None,
     **options: Any,
 ) -> AsyncIterator[DraRun]:
-    """The fake API (serving `versions`), a DRA kubelet simulator and the DRA daemon."""
+    """The fake API (serving `versions`), a DRA kubelet simulator and the DRA daemon.
+
+    With `permissions`, the daemon's credentials may do only that (the fake's RBAC)."""
     config = root / "config.yaml"
     config.write_text(config_text, encoding="utf-8")
     nvml = backend_from_spec(gpus)
-    async with _api(api) as server:
+    async with _api(api, permissions) as server:
         server.dra_versions = versions
         server.put_node(NODE)
-        path = server.kubeconfig(root / "kubeconfig")
+        path = server.kubeconfig(root / "kubeconfig", token="t" if permissions else None)
         client = lightkube.AsyncClient(config=lightkube.KubeConfig.from_file(path))
 
         async def wipe(driver: str) -> None:  # the kubelet deletes a deregistered driver's slices
@@ -182,9 +185,12 @@ async def dra_running(
 
 
 @asynccontextmanager
-async def _api(api: FakeKubeApi | None) -> AsyncIterator[FakeKubeApi]:
+async def _api(
+    api: FakeKubeApi | None, permissions: Permissions | None
+) -> AsyncIterator[FakeKubeApi]:
     if api is not None:
         yield api
         return
-    async with FakeKubeApi() as server:
+    tokens = {"t": permissions} if permissions is not None else None
+    async with FakeKubeApi(tokens=tokens) as server:
         yield server
