@@ -103,21 +103,24 @@ async def api_status(exc: BaseException) -> tuple[int, str] | None:
     lightkube raises `ApiError` (with the decoded Status) for plain requests, but a refused
     watch surfaces as httpx's `HTTPStatusError` with the Status still in the response body.
     """
-    import httpx2
     from lightkube import ApiError
 
     if isinstance(exc, ApiError):
         return exc.status.code or 0, exc.status.message or ""
-    if isinstance(exc, httpx2.HTTPStatusError):
-        message = ""
-        try:
-            await exc.response.aread()
-            body = exc.response.json()
-            message = str(body.get("message", "")) if isinstance(body, dict) else ""
-        except Exception:  # a body that is not a Status: the code says enough
-            pass
-        return exc.response.status_code, message
-    return None
+    # lightkube's HTTP client raises its HTTPStatusError (it carries `response`) for a refused
+    # watch; it is recognised by that, so the client's package is not imported here.
+    response = getattr(exc, "response", None)
+    code = getattr(response, "status_code", None)
+    if response is None or not isinstance(code, int):
+        return None
+    message = ""
+    try:
+        await response.aread()
+        body = response.json()
+        message = str(body.get("message", "")) if isinstance(body, dict) else ""
+    except Exception:  # a body that is not a Status (or is closed): the code says enough
+        pass
+    return code, message
 
 
 def trouble_text(
