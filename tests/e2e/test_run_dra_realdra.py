@@ -267,7 +267,7 @@ async def test_real_allocator_and_kubelet_prepare_our_devices(
         checkpoint = (await realdra.ok({"cmd": "checkpoint"}))["checkpoint"]
         assert '"ClaimInfoStateList":[]' in checkpoint["Data"]
 
-        assert await second.stop(timeout=3.0) == 0
+        assert await second.stop(timeout=2.0) == 0  # docs/contract.md: within 2 s
     # Deregistered twice: the killed plugin's stale socket removed, then ours at exit.
     events = await realdra.wait_registrations(2, "DeRegisterPlugin")
     assert events[-1]["call"] == "DeRegisterPlugin"
@@ -307,4 +307,4 @@ async def test_real_cel_selects_a_mig_profile_from_our_attributes(
         spec = json.loads((short_dir / "cdi" / f"{DRIVER}-claim_{claim['uid']}.json").read_text())
         (device,) = spec["devices"]
         assert device["containerEdits"]["env"][0].startswith("NVIDIA_VISIBLE_DEVICES=MIG-")
-        assert await running.stop(timeout=3.0) == 0
+        assert await running.stop(timeout=2.0) == 0
