@@ -99,10 +99,6 @@ class DraRun:
     async def unprepare(self, ref: ClaimRef) -> str:
         return (await self.kubelet.unprepare(DRIVER, [ref]))[ref.uid]
 
-    def release(self, ref: ClaimRef) -> None:
-        """The claim is deleted (what happens once its pod is gone)."""
-        self.api.delete_dra_object("resourceclaims", ref.name, ref.namespace)
-
 
 def foreign_claim(api: FakeKubeApi, name: str, device: str, *, pool: str) -> ClaimRef:
     """A claim allocated a device of another node's pool, stored as the scheduler would."""
