@@ -23,7 +23,8 @@ typecheck: $(STAMP)
 	$(BIN)/mypy --strict sharing_plugin
 
 unit: $(STAMP)
-	$(BIN)/pytest
+	# Two workers: the suite is mostly waiting on sockets and child processes, and CI has 2 cores.
+	$(BIN)/pytest -n 2
 
 test: lint typecheck unit
 
