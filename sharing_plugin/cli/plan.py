@@ -38,9 +38,19 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     plan.add_argument(
         "--format",
-        choices=("table", "json", "labels"),
+        choices=("table", "json", "labels", "dra"),
         default="table",
-        help="labels: the node's GFD-compatible labels, sorted key=value lines (--gpus only)",
+        help="labels: the node's GFD-compatible labels, sorted key=value lines; dra: the "
+        "DeviceClasses and ResourceSlices run-dra publishes, as YAML (both --gpus only)",
+    )
+    plan.add_argument(
+        "--node-name", default="NODE", metavar="NAME", help="the node's name in --format dra"
+    )
+    plan.add_argument(
+        "--driver-name",
+        default="gpu.sharing-plugin.io",
+        metavar="NAME",
+        help="the DRA driver's name in --format dra",
     )
     plan.set_defaults(func=_cmd_plan)
 
@@ -123,11 +133,19 @@ def _plan_node(args: argparse.Namespace) -> int:
             print(problem_line(problem, file=args.config, config_name=name), file=problems_to)
         return EXIT_INVALID
     result, warnings = node.plan, list(node.warnings)
-    if args.format == "labels":
+    if args.format in ("labels", "dra"):
         # The node as its declared MIG layouts will leave it, as the JSON's resources are.
         for warning in warnings:
             print(f"warning: {loaded.locate(warning)}", file=sys.stderr)
-        sys.stdout.write(render_labels(labels(config, node)))
+        if args.format == "labels":
+            sys.stdout.write(render_labels(labels(config, node)))
+        else:
+            import yaml
+
+            from sharing_plugin.plan.dra import dra_documents
+
+            documents = dra_documents(config, node, args.node_name, args.driver_name)
+            sys.stdout.write(yaml.safe_dump_all(documents, sort_keys=False))
     elif args.format == "json":
         layouts = [action.to_json() for action in node.actions]
         # Every warning about a config entry carries its FILE:LINE:COL:, as problems do.
@@ -156,9 +174,10 @@ def _plan_fleet(args: argparse.Namespace) -> int:
     from sharing_plugin.plan.fleet import NodesDocumentError, fleet_json, fleet_table, fleet_view
     from sharing_plugin.sources.files import problem_line
 
-    if args.format == "labels":
+    if args.format in ("labels", "dra"):
         print(
-            "sharing-plugin plan: --format labels is one node's labels: give --gpus, not --nodes",
+            f"sharing-plugin plan: --format {args.format} is about one node: give --gpus, "
+            "not --nodes",
             file=sys.stderr,
         )
         return EXIT_USAGE
