@@ -11,7 +11,7 @@
 # constraints/docker.txt (`make lock` rewrites it), so a rebuild of a commit gets the same
 # versions. PIP_CONSTRAINT, unlike -c, also reaches the isolated environment that builds this
 # project's wheel.
-FROM python:3.11-slim AS build
+FROM python:3.11.14-slim-bookworm AS build
 WORKDIR /src
 COPY constraints/docker.txt ./constraints/docker.txt
 ENV PIP_CONSTRAINT=/src/constraints/docker.txt \
@@ -20,7 +20,7 @@ COPY pyproject.toml README.md LICENSE ./
 COPY sharing_plugin ./sharing_plugin
 RUN pip wheel --no-cache-dir --wheel-dir /wheels .
 
-FROM python:3.11-slim
+FROM python:3.11.14-slim-bookworm
 LABEL org.opencontainers.image.title="gpu-sharing-plugin" \
       org.opencontainers.image.description="Kubernetes device plugin for NVIDIA GPUs: time-slicing, MIG and MPS from a validated, hot-reloaded ConfigMap" \
       org.opencontainers.image.licenses="Apache-2.0"

@@ -211,11 +211,6 @@ def test_the_build_context_holds_what_the_dockerfile_copies() -> None:
     assert _ignored_by_docker("tests/conftest.py", patterns)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="tests/unit/test_deploy_manifests.py still requires FROM python:3.11-slim; pin the "
-    "base (python:3.11.14-slim-bookworm) there and in the Dockerfile, then drop this mark",
-)
 def test_the_image_base_is_a_release_tag() -> None:
     bases = {line.split()[1] for line in dockerfile() if line.startswith("FROM ")}
     (base,) = bases
