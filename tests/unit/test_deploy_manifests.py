@@ -403,3 +403,11 @@ def test_dockerfile_runs_the_daemon_on_the_metrics_port() -> None:
     address = parse_metrics_address(env()["METRICS_ADDRESS"]["value"])
     assert address is not None
     assert f"EXPOSE {address[1]}" in lines
+
+
+def test_device_plugin_daemonset_leaves_dra_nodes_to_run_dra() -> None:
+    daemonset = yaml.safe_load((ROOT / "deploy" / "daemonset.yaml").read_text())
+    affinity = daemonset["spec"]["template"]["spec"]["affinity"]["nodeAffinity"]
+    terms = affinity["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    excluded = {"key": "gpu.sharing-plugin.io/dra", "operator": "NotIn", "values": ["true"]}
+    assert terms and all(excluded in term["matchExpressions"] for term in terms)
