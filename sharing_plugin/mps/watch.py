@@ -5,8 +5,8 @@ changes: the control side rewrites it the moment its daemon dies or comes back (
 death from the kernel), so the plugin hears of it within milliseconds, with nothing running in
 between. A record not confirmed for `STALE_HEARTBEATS` heartbeats is stale: the control side is
 gone (its container stopped) and nobody vouches for the daemon any more, so its devices must
-not be offered; one timer, armed at each confirmation, says so. The directory is created when
-missing, so `run` can start before `mps-control`.
+not be offered; one timer, armed at each confirmation, says so. A missing directory is waited
+for (watching its nearest existing ancestor), so `run` can start before `mps-control`.
 """
 
 from __future__ import annotations
@@ -77,9 +77,22 @@ def current_view(resource: str, root: Path) -> RecordView:
     return RecordView(resource, record, remaining is not None and remaining <= 0)
 
 
-def _make(root: Path) -> None:
-    # Local and instant: `run` may start before `mps-control` has made the directory.
-    root.mkdir(parents=True, exist_ok=True)
+def _existing_ancestor(path: Path) -> Path:
+    while not path.is_dir() and path != path.parent:
+        path = path.parent
+    return path
+
+
+async def _appeared(root: Path, debounce_s: float) -> None:
+    """Return once `root` is a directory, woken by the watch of its nearest existing ancestor.
+
+    `run` may start before `mps-control` has made the directory, and makes none itself: the
+    host directory belongs to the control side."""
+    while (ancestor := _existing_ancestor(root)) != root:
+        async with DirectoryWatch(ancestor, debounce_s=debounce_s) as watch:
+            if _existing_ancestor(root) != ancestor:  # appeared while the watch was armed
+                continue
+            await watch.changes()
 
 
 def _remaining(record: DaemonRecord | None) -> float | None:
@@ -107,7 +120,9 @@ async def watch_record(
 
     while True:
         try:
-            _make(root)
+            if _existing_ancestor(root) != root:
+                await publish(RecordView(resource, None))
+                await _appeared(root, debounce_s)
             async with DirectoryWatch(root, debounce_s=debounce_s, max_batch_s=0.05) as watch:
                 record = read_record(root)
                 while True:
@@ -123,7 +138,7 @@ async def watch_record(
                         continue  # now stale: published at the top of the loop
                     if any(c.path.name == RECORD_FILE or c.path == root for c in changes):
                         record = read_record(root)
-        except DirectoryGone:  # removed under us: made again at the top of the loop
+        except DirectoryGone:  # removed under us: waited for again at the top of the loop
             await publish(RecordView(resource, None))
         except OSError as exc:
             log.warning("watching MPS state in %s: %s; trying again in %.0fs", root, exc, _RETRY_S)
