@@ -81,7 +81,9 @@ def test_mps_control_runs_beside_the_plugin_sharing_ipc_and_mps_root(tmp_path: P
     # The same path inside both containers as on the host: Allocate hands pods the host path.
     for container in (plugin, control):
         assert mounts(container)["mps-root"]["mountPath"] == mps_root
-        assert not mounts(container)["mps-root"].get("readOnly", False)
+    # Only mps-control writes there; the plugin reads the state files.
+    assert not mounts(control)["mps-root"].get("readOnly", False)
+    assert mounts(plugin)["mps-root"]["readOnly"] is True
     # /dev/shm of the daemon is the host directory Allocate mounts at /dev/shm in clients.
     device = VirtualDevice(
         id=DeviceId("GPU-0::0"),
