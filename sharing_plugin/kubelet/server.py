@@ -165,7 +165,6 @@ class ResourceServer:
         self._listener: _Listener | None = None
         self._registered = False
         self._lock = asyncio.Lock()
-        self._record_devices()
 
     # -- state ---------------------------------------------------------------------------------
 
@@ -250,7 +249,6 @@ class ResourceServer:
             return False
         if self._listener is not None:
             self._listener.servicer.broadcast(new.message)
-        self._record_devices()
         return True
 
     # -- internals -----------------------------------------------------------------------------
@@ -334,10 +332,3 @@ class ResourceServer:
         self._registered = registered
         if self._metrics is not None:
             self._metrics.set_registered(self._name, registered)
-
-    def _record_devices(self) -> None:
-        if self._metrics is not None:
-            resource = self._snapshot.resource
-            self._metrics.set_devices(
-                self._name, total=len(resource.devices), healthy=resource.healthy_count
-            )
