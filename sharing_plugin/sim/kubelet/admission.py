@@ -13,6 +13,8 @@ reload may withdraw the devices just picked.
 from __future__ import annotations
 
 import asyncio
+import collections
+import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import TypeVar
 
@@ -29,6 +31,8 @@ _T = TypeVar("_T")
 # Kubelet bounds PreStartContainer at 30 s (KubeletPreStartContainerRPCTimeoutInSecs); other
 # calls have no deadline there, but a test must never hang on a silent plugin.
 _RPC_TIMEOUT_S = 30.0
+# How many Allocate round trips are remembered for benchmarks (the latest ones).
+_LATENCIES_KEPT = 100_000
 
 
 class AdmissionError(KubeletError):
@@ -53,6 +57,8 @@ class Admission:
         self._resources = resources
         self._on_change = on_change
         self._allocate_gate = allocate_gate
+        # Seconds each Allocate round trip took, as kubelet would time it (benchmarks read it).
+        self.allocate_seconds: collections.deque[float] = collections.deque(maxlen=_LATENCIES_KEPT)
         self.pods: dict[tuple[str, str], PodAllocation] = {}
         self._lock = asyncio.Lock()
 
@@ -132,21 +138,25 @@ class Admission:
                 chosen.append(device_id)
         if self._allocate_gate is not None:
             await self._allocate_gate.passage()
-        response = await _call(
-            "Allocate",
-            endpoint.stub.Allocate(
-                dp.AllocateRequest(
-                    container_requests=[dp.ContainerAllocateRequest(devices_ids=chosen)]
-                ),
-                timeout=_RPC_TIMEOUT_S,
-            ),
+            # Kubelet looks the endpoint up again for Allocate: the plugin may have registered
+            # anew meanwhile, or its stream ended (devicemanager `errEndpointStopped`).
+            endpoint = state.endpoint
+            if endpoint is None:
+                raise AdmissionError(f"endpoint {resource} has been stopped")
+        started = time.perf_counter()
+        request = dp.AllocateRequest(
+            container_requests=[dp.ContainerAllocateRequest(devices_ids=chosen)]
         )
+        response = await _call(
+            "Allocate", lambda: endpoint.stub.Allocate(request, timeout=_RPC_TIMEOUT_S)
+        )
+        self.allocate_seconds.append(time.perf_counter() - started)
         if not response.container_responses:
             raise AdmissionError(f"no containers return in allocation response {response}")
         if endpoint.options.pre_start_required:
             await _call(
                 "PreStartContainer",
-                endpoint.stub.PreStartContainer(
+                lambda: endpoint.stub.PreStartContainer(
                     dp.PreStartContainerRequest(devices_ids=chosen), timeout=_RPC_TIMEOUT_S
                 ),
             )
@@ -168,19 +178,32 @@ class Admission:
         )
         response = await _call(
             "GetPreferredAllocation",
-            endpoint.stub.GetPreferredAllocation(request, timeout=_RPC_TIMEOUT_S),
+            lambda: endpoint.stub.GetPreferredAllocation(request, timeout=_RPC_TIMEOUT_S),
         )
         if not response.container_responses:
             return []
         return list(response.container_responses[0].deviceIDs)
 
 
-async def _call(method: str, call: Awaitable[_T]) -> _T:
-    """Await a plugin RPC; a failure becomes kubelet's admission message."""
+async def _call(method: str, call: Callable[[], Awaitable[_T]]) -> _T:
+    """Make and await a plugin RPC; a failure becomes kubelet's admission message.
+
+    The connection may be closed under the call (a new registration of the resource replaced
+    the endpoint, or its stream ended): kubelet's call then fails with Canceled, not the pod's
+    admission task.
+    """
     try:
-        return await call
+        return await call()
     except grpc.aio.AioRpcError as exc:
         raise AdmissionError(
             f"{method} failed due to rpc error: code = {_go_code(exc.code())} "
             f"desc = {exc.details()}, which is unexpected"
         ) from exc
+    except (asyncio.CancelledError, grpc.aio.UsageError):
+        task = asyncio.current_task()
+        if task is not None and task.cancelling():
+            raise
+        raise AdmissionError(
+            f"{method} failed due to rpc error: code = Canceled desc = grpc: the client "
+            "connection is closing, which is unexpected"
+        ) from None

@@ -21,6 +21,7 @@ Two gates let a test play a slow kubelet: `pod_resources_gate` holds PodResource
 from __future__ import annotations
 
 import asyncio
+import collections
 import json
 import logging
 from collections.abc import Callable, Mapping
@@ -363,6 +364,11 @@ class KubeletSimulator:
                 waiter.set_result(None)
 
     # -- pods ----------------------------------------------------------------------------------
+
+    @property
+    def allocate_seconds(self) -> collections.deque[float]:
+        """How long each recent Allocate round trip took (successful ones), oldest first."""
+        return self._admission.allocate_seconds
 
     @property
     def pods(self) -> dict[tuple[str, str], PodAllocation]:
