@@ -2,11 +2,18 @@
 
 `apply(plan)` asks PodResources which devices pods hold, keeps held devices that the new plan
 drops as draining (Unhealthy), diffs against what kubelet currently sees, and carries the diff
-out: start and register new resources, push changed device lists on the live ListAndWatch
-streams, stop removed ones. Unchanged resources are not touched at all. While anything drains,
+out: push changed device lists on the live ListAndWatch streams, stop removed resources, start
+and register new ones. Unchanged resources are not touched at all. While anything drains,
 PodResources is asked again every `drain_recheck_s` seconds so that a released device disappears;
 with nothing draining there is no periodic work. The first apply also removes the sockets a
 killed earlier run left behind.
+
+Allocate keeps answering while PodResources is asked, and kubelet records a grant only after
+Allocate returns, so the answer may miss devices granted a moment ago: the servers note every
+grant in a ledger, and from the answer's arrival until every live server holds its new snapshot
+nothing awaits, so each grant is either in the ledger or served from the new snapshot. A device
+kubelet asks for just after a reload withdrew it is honoured (see the servicer) and the ledger
+asks for an apply at once, which advertises it again as draining.
 
 Every operation runs under one lock: a reload, a health change and a kubelet restart never
 interleave halfway.
@@ -21,6 +28,7 @@ from pathlib import Path
 
 from sharing_plugin.daemon.tasks import TaskOwner
 from sharing_plugin.errors import KubeletError
+from sharing_plugin.kubelet.grants import GrantLedger
 from sharing_plugin.kubelet.podresources import PodResourcesClient
 from sharing_plugin.kubelet.server import AllocateContext, ResourceServer, remove_stale_sockets
 from sharing_plugin.observability.metrics import Metrics
@@ -57,6 +65,9 @@ class Supervisor:
         self._tasks = TaskOwner("supervisor")
         self._retries: dict[str, asyncio.Task[None]] = {}
         self._drain_task: asyncio.Task[None] | None = None
+        self._grants = GrantLedger(on_late=self._late_grant)
+        self._reapply: asyncio.Task[None] | None = None
+        self._reapply_due = False
         self._started = False
 
     @property
@@ -71,10 +82,11 @@ class Supervisor:
     def own_sockets(self) -> list[Path]:
         return [s.socket_path for s in self._servers.values() if s.socket_path is not None]
 
-    async def held_devices(self) -> dict[str, frozenset[str]]:
+    async def held_devices(self) -> dict[str, frozenset[str]] | None:
+        """What pods hold per resource, from PodResources; None when kubelet cannot tell."""
         if self._pod_resources is None:
-            return {}
-        return await self._pod_resources.held_devices() or {}
+            return None
+        return await self._pod_resources.held_devices()
 
     async def apply(self, plan: Plan, context: AllocateContext) -> PlanDiff:
         """Make kubelet see `plan` (plus draining devices); returns what changed."""
@@ -86,11 +98,18 @@ class Supervisor:
         if not self._started:
             self._started = True
             remove_stale_sockets(self._kubelet_dir)
+        asked_at = self._grants.now()
         held = await self.held_devices()
-        effective = with_draining(plan, self._advertised, held)
+        # From here until every live server has its new snapshot, nothing awaits: an Allocate
+        # is either in the ledger read below or answered from the new snapshot.
+        self._grants.settle(held, asked_at=asked_at)
+        effective = with_draining(
+            plan,
+            self._advertised,
+            held or {},
+            granted=self._grants.outstanding(),
+        )
         change = diff(self._advertised, effective)
-        for name in change.stop:
-            await self._stop(name)
         for resource in change.push:
             self._servers[resource.name].update(resource, context)
         # Allocate settings (flags) may change without any device change.
@@ -102,6 +121,7 @@ class Supervisor:
                 resource=resource,
                 context=context,
                 metrics=self._metrics,
+                grants=self._grants,
             )
             for resource in change.start
         ]
@@ -111,6 +131,8 @@ class Supervisor:
         self._advertised = effective
         draining = draining_ids(effective, plan)
         self._report(effective, draining)
+        for name in change.stop:
+            await self._stop(name)
         for server in started:
             await self._register(server)
         if not change.empty:
@@ -212,6 +234,24 @@ class Supervisor:
         self._status.set_registered(server.name, server.registered)
         if not server.registered:
             self._retry_registration(server)
+
+    def _late_grant(self) -> None:
+        """A server honoured a device it no longer advertises: advertise it again, draining."""
+        self._reapply_due = True
+        if self._reapply is not None and not self._reapply.done():
+            return
+
+        async def reapply() -> None:
+            while self._reapply_due:
+                self._reapply_due = False
+                async with self._lock:
+                    if self._requested is not None:
+                        await self._apply(*self._requested)
+
+        try:
+            self._reapply = self._tasks.spawn(reapply(), name="late-grant")
+        except RuntimeError:
+            log.debug("late grant while shutting down: nothing left to advertise it on")
 
     def _watch_draining(self) -> None:
         if self._drain_task is not None and not self._drain_task.done():

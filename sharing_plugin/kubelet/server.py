@@ -1,6 +1,6 @@
 """One advertised resource in front of kubelet: a grpc.aio server on its own socket, registered.
 
-Lifecycle, in the order kubelet forces (DESIGN §3, §4):
+Lifecycle, in the order kubelet forces (docs/contract.md):
 
     start()    listen on a fresh socket in <kubelet-dir>/device-plugins and check it answers;
     register() Register with kubelet, which dials back at once, so we must already serve;
@@ -27,6 +27,7 @@ import re
 import secrets
 import socket
 import stat
+from dataclasses import replace
 from pathlib import Path
 
 import grpc
@@ -39,6 +40,7 @@ from sharing_plugin.kubelet.api.constants import (
 )
 from sharing_plugin.kubelet.api.deviceplugin.v1beta1 import api_pb2 as dp
 from sharing_plugin.kubelet.api.deviceplugin.v1beta1 import api_pb2_grpc as dp_grpc
+from sharing_plugin.kubelet.grants import GrantLedger
 from sharing_plugin.kubelet.recording import KubeletRecorder
 from sharing_plugin.kubelet.servicer import (
     OPTIONS,
@@ -67,6 +69,9 @@ SERVER_OPTIONS = (
 # Bounded so that SIGTERM -> exit stays within 2 s with every resource stopping at once.
 STOP_GRACE_S = 0.5
 READY_TIMEOUT_S = 2.0
+# Kubelet picks devices from the list it holds and calls Allocate two RPCs later
+# (GetPreferredAllocation first); a device withdrawn while it was Healthy is honoured this long.
+WITHDRAWN_HONOURED_S = 5.0
 # AF_UNIX sun_path holds 108 bytes including the terminating NUL.
 MAX_SOCKET_PATH_BYTES = 107
 _UNSAFE = re.compile(r"[^a-z0-9.-]+")
@@ -156,11 +161,13 @@ class ResourceServer:
         resource: ResourcePlan,
         context: AllocateContext,
         metrics: KubeletRecorder | None = None,
+        grants: GrantLedger | None = None,
     ) -> None:
         self._kubelet_dir = Path(kubelet_dir)
         self._plugin_dir = self._kubelet_dir / DEVICE_PLUGINS_DIR
         self._name = resource.name
         self._metrics = metrics
+        self._grants = grants
         self._snapshot: Snapshot = snapshot(resource, context)
         self._listener: _Listener | None = None
         self._registered = False
@@ -224,11 +231,16 @@ class ResourceServer:
                     await old.close(None)
 
     async def stop(self) -> None:
-        """Advertise no devices, stop serving and delete our socket; idempotent."""
+        """Advertise no devices, stop serving and delete our socket; idempotent.
+
+        An Allocate that arrives while stopping names devices kubelet saw a moment ago: they
+        are honoured as withdrawn ones, and the grant tells the supervisor to keep them.
+        """
         async with self._lock:
             listener, self._listener = self._listener, None
             if listener is None:
                 return
+            self._snapshot = self._next(replace(self._snapshot.resource, devices=()), None)
             # Kubelet keeps the devices of an ended stream as Unhealthy for 5 minutes; an empty
             # list first makes the resource's capacity drop to 0 at once.
             await listener.close(_EMPTY_LIST)
@@ -243,8 +255,7 @@ class ResourceServer:
         if resource.name != self._name:
             raise ValueError(f"server for {self._name} cannot serve {resource.name}")
         old = self._snapshot
-        new = snapshot(resource, context or old.context)
-        self._snapshot = new
+        new = self._snapshot = self._next(resource, context)
         if new.key == old.key:
             return False
         if self._listener is not None:
@@ -252,6 +263,16 @@ class ResourceServer:
         return True
 
     # -- internals -----------------------------------------------------------------------------
+
+    def _next(self, resource: ResourcePlan, context: AllocateContext | None) -> Snapshot:
+        old = self._snapshot
+        return snapshot(
+            resource,
+            context or old.context,
+            previous=old,
+            now=asyncio.get_running_loop().time(),
+            honour_s=WITHDRAWN_HONOURED_S,
+        )
 
     async def _listen(self) -> _Listener:
         self._plugin_dir.mkdir(parents=True, exist_ok=True)
@@ -262,7 +283,9 @@ class ResourceServer:
                 f"socket path ({MAX_SOCKET_PATH_BYTES} bytes at most); use a shorter kubelet dir"
             )
         path = self._plugin_dir / socket_name(self._name, max_length=min(budget, 64))
-        servicer = DevicePluginServicer(self._name, lambda: self._snapshot, self._metrics)
+        servicer = DevicePluginServicer(
+            self._name, lambda: self._snapshot, self._metrics, self._grants
+        )
         server = grpc.aio.server(options=SERVER_OPTIONS)
         dp_grpc.add_DevicePluginServicer_to_server(servicer, server)
         try:

@@ -8,6 +8,13 @@ logged and answered INTERNAL; no request can take the server down. Refusals are 
 exception's traceback keeps the frame, and with it the whole request, in a reference cycle that
 only a full garbage collection frees (ten 10 MiB requests held ~300 MiB).
 
+Kubelet picks devices from the list it last received and asks for them a moment later, so an
+Allocate may name a device that a reload withdrew in between. A device the snapshot withdrew
+while it was Healthy is honoured for a short while (`Snapshot.withdrawn`): kubelet has already
+promised it to the pod, and refusing fails the pod's admission. Every grant is noted in the
+`GrantLedger`, a late one included, so that the supervisor keeps the device advertised
+(draining) until the pod releases it.
+
 ListAndWatch streams end only when kubelet cancels them or the server stops: kubelet treats a
 stream that finishes as a dead plugin, marks every device Unhealthy and never reconnects
 (devicemanager/plugin/v1beta1/client.go). Each stream keeps only the latest pending message, so a
@@ -19,8 +26,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, field
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import grpc
@@ -31,8 +38,15 @@ from sharing_plugin.gpus.inventory import Inventory
 from sharing_plugin.kubelet import translate
 from sharing_plugin.kubelet.api.deviceplugin.v1beta1 import api_pb2 as dp
 from sharing_plugin.kubelet.api.deviceplugin.v1beta1 import api_pb2_grpc as dp_grpc
+from sharing_plugin.kubelet.grants import GrantLedger
 from sharing_plugin.kubelet.recording import KubeletRecorder
-from sharing_plugin.plan import CONTROL_DEVICE_NODES, ResourcePlan, allocate, preferred
+from sharing_plugin.plan import (
+    CONTROL_DEVICE_NODES,
+    ResourcePlan,
+    VirtualDevice,
+    allocate,
+    preferred,
+)
 
 log = logging.getLogger(__name__)
 
@@ -54,20 +68,66 @@ class AllocateContext:
 
 @dataclass(frozen=True, slots=True)
 class Snapshot:
-    """One consistent view of a resource: its plan, the flags, and the ListAndWatch message."""
+    """One consistent view of a resource: its plan, the flags, and the ListAndWatch message.
+
+    `withdrawn`: devices an earlier snapshot advertised Healthy that this one does not, each
+    with the loop time until which Allocate still honours it.
+    """
 
     resource: ResourcePlan
     context: AllocateContext
     key: translate.DeviceKey
     message: dp.ListAndWatchResponse = field(compare=False)
+    withdrawn: Mapping[str, tuple[VirtualDevice, float]] = field(
+        default_factory=dict, compare=False
+    )
+
+    def serving(self, ids: Sequence[str], now: float) -> tuple[ResourcePlan, bool]:
+        """The resource to answer a request for `ids` from, and whether it had to honour
+        withdrawn devices. An ID neither advertised nor honoured is left for `allocate` to
+        refuse."""
+        if not self.withdrawn or all(i in self.resource for i in ids):
+            return self.resource, False
+        late: dict[str, VirtualDevice] = {}
+        for device_id in ids:
+            if device_id in self.resource or device_id in late:
+                continue
+            entry = self.withdrawn.get(device_id)
+            if entry is None or entry[1] < now:
+                return self.resource, False
+            late[device_id] = entry[0]
+        return replace(self.resource, devices=self.resource.devices + tuple(late.values())), True
 
 
-def snapshot(resource: ResourcePlan, context: AllocateContext) -> Snapshot:
+def snapshot(
+    resource: ResourcePlan,
+    context: AllocateContext,
+    *,
+    previous: Snapshot | None = None,
+    now: float = 0.0,
+    honour_s: float = 0.0,
+) -> Snapshot:
+    """A snapshot of `resource`; after `previous`, honouring for `honour_s` (from `now`) the
+    Healthy devices that `previous` advertised and `resource` drops."""
+    key = translate.device_key(resource)
+    withdrawn: dict[str, tuple[VirtualDevice, float]] = {}
+    if previous is not None:
+        withdrawn = {
+            i: entry
+            for i, entry in previous.withdrawn.items()
+            if entry[1] >= now and i not in resource
+        }
+        if key != previous.key:
+            until = now + honour_s
+            for device in previous.resource.devices:
+                if device.healthy and device.id not in resource:
+                    withdrawn[device.id] = (device, until)
     return Snapshot(
         resource=resource,
         context=context,
-        key=translate.device_key(resource),
+        key=key,
         message=translate.list_response(resource.devices),
+        withdrawn=withdrawn,
     )
 
 
@@ -92,11 +152,16 @@ class DevicePluginServicer(dp_grpc.DevicePluginServicer):
     """The service behind one listening socket; `current` returns the snapshot to answer from."""
 
     def __init__(
-        self, name: str, current: Callable[[], Snapshot], metrics: KubeletRecorder | None = None
+        self,
+        name: str,
+        current: Callable[[], Snapshot],
+        metrics: KubeletRecorder | None = None,
+        grants: GrantLedger | None = None,
     ) -> None:
         self._name = name
         self._current = current
         self._metrics = metrics
+        self._grants = grants
         self._streams: set[_Stream] = set()
         self._handlers: set[asyncio.Task[Any]] = set()
 
@@ -158,18 +223,25 @@ class DevicePluginServicer(dp_grpc.DevicePluginServicer):
             self._streams.discard(stream)
 
     async def Allocate(self, request: dp.AllocateRequest, context: Context) -> dp.AllocateResponse:
+        # No await in here: the snapshot read and the grant noted happen in one step of the
+        # loop, so a reload sees either both or neither.
         snap = self._current()
         started = time.perf_counter()
         flags, nodes = snap.context.flags, snap.context.control_nodes
+        now = asyncio.get_running_loop().time()
+        responses: list[dp.ContainerAllocateResponse] = []
+        granted: list[VirtualDevice] = []
+        late = False
         try:
             # The IDs are not copied into a list: a refused request is refused at its first
             # unknown ID, without turning every other ID of a hostile request into a string.
-            responses = [
-                translate.container_response(
-                    allocate(snap.resource, req.devices_ids, flags, control_nodes=nodes)
-                )
-                for req in request.container_requests
-            ]
+            for req in request.container_requests:
+                ids = req.devices_ids
+                resource, honoured = snap.serving(ids, now)
+                answer = allocate(resource, ids, flags, control_nodes=nodes)
+                responses.append(translate.container_response(answer))
+                granted.extend(d for d in map(resource.device, ids) if d is not None)
+                late = late or honoured
         except AllocationError as exc:
             self._observe(started, ok=False)
             log.warning("refused Allocate for %s: %s", self._name, exc)
@@ -183,6 +255,13 @@ class DevicePluginServicer(dp_grpc.DevicePluginServicer):
                 f"device plugin for {self._name} failed to answer Allocate: "
                 f"{type(exc).__name__}: {exc} (a bug: please report it with the plugin's log)",
             )
+        if late:
+            log.info(
+                "honoured Allocate for %s of device(s) withdrawn a moment ago: kept as draining",
+                self._name,
+            )
+        if self._grants is not None:
+            self._grants.record(self._name, granted, late=late)
         self._observe(started, ok=True)
         return dp.AllocateResponse(container_responses=responses)
 

@@ -9,7 +9,7 @@ while they drain.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Collection, Container, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from sharing_plugin.gpus.inventory import Inventory
@@ -98,16 +98,16 @@ def with_draining(
     for name in sorted(set(held) | set(granted)):
         current = resources.get(name)
         previous = old.resource(name) if old is not None else None
-        given = {d.id: d for d in granted.get(name, ())}
+        given: dict[str, VirtualDevice] = {d.id: d for d in granted.get(name, ())}
         if current is None and previous is None and not given and old is not None:
             continue
-        kept = current if current is not None else _EMPTY
+        kept: Container[str] = current if current is not None else frozenset()
         missing = {i for i in held.get(name, ()) if i not in kept} | {
             i for i in given if i not in kept
         }
         if not missing:
             continue
-        ordered = [d.id for d in previous.devices if d.id in missing] if previous else []
+        ordered: list[str] = [d.id for d in previous.devices if d.id in missing] if previous else []
         ordered += sorted(missing.difference(ordered))
         leaving: list[VirtualDevice] = []
         for device_id in ordered:
@@ -141,9 +141,6 @@ def _draining(device: VirtualDevice) -> VirtualDevice:
     return device if not device.healthy else replace(device, healthy=False)
 
 
-_EMPTY = ResourcePlan(name="", devices=())
-
-
 class _Rebuilder:
     """A stand-in for a held device known only by its ID, from what the node says about its
     physical device: a sibling replica in either plan, else the inventory. It is advertised
@@ -167,13 +164,7 @@ class _Rebuilder:
         sibling = self._siblings.get(physical) or self._from_node(physical)
         if sibling is None:
             return None
-        return replace(
-            sibling,
-            id=DeviceId(device_id),
-            replica=replica,
-            healthy=False,
-            discovered_healthy=False,
-        )
+        return replace(sibling, id=DeviceId(device_id), replica=replica)
 
     def _from_node(self, physical: str) -> VirtualDevice | None:
         if self._node is None:

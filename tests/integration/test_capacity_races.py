@@ -1,16 +1,25 @@
-"""Capacity never lies, in the moments where it used to (issue 16): a killed run's sockets."""
+"""Capacity never lies, in the moments where it used to (issue 16): a grant racing a reload,
+an Allocate just after a shrink, the first plan after a restart, and a killed run's sockets.
+
+The races are opened deterministically with the simulator's gates: a PodResources answer held
+back after it was taken, and an admission held between the pick and Allocate.
+"""
 
 from __future__ import annotations
 
+import asyncio
 import socket
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 
+import pytest
+from daemon_harness import Running, running
+
 from sharing_plugin.backends import backend_from_spec
 from sharing_plugin.daemon.app import Daemon
 from sharing_plugin.daemon.options import RunOptions
-from sharing_plugin.sim.kubelet.simulator import KubeletSimulator
+from sharing_plugin.sim.kubelet.simulator import AdmissionError, KubeletSimulator
 
 GPU = "nvidia.com/gpu"
 
@@ -24,6 +33,81 @@ sharing:
       - name: nvidia.com/gpu
         replicas: {replicas}
 """
+
+
+def unhealthy(kubelet: KubeletSimulator, resource: str = GPU) -> set[str]:
+    return {i for i, h in kubelet.devices(resource).items() if h != "Healthy"}
+
+
+def holds_are_advertised(kubelet: KubeletSimulator) -> bool:
+    return all(
+        set(a.device_ids) <= set(kubelet.devices(a.resource))
+        for pod in kubelet.pods.values()
+        for a in pod.allocations
+    )
+
+
+async def drained_and_released(run: Running, pod: str, expected: int) -> None:
+    run.kubelet.delete_pod(pod)
+    await run.kubelet.wait_for(lambda: run.kubelet.capacity(GPU) == expected, timeout=5)
+    await run.settled()
+    assert run.allocatable() == {GPU: expected}
+    assert run.daemon.status.to_json()["resources"][GPU]["draining"] == []
+
+
+async def test_replica_granted_while_pod_resources_answers_stays_draining(
+    short_dir: Path,
+) -> None:
+    """Defect 1: the held devices were read, then a grant from the old snapshot slipped in
+    before the swap, and the shrink dropped that replica while the pod held it."""
+    async with running(short_dir, sliced(4)) as run:
+        gate = run.kubelet.pod_resources_gate
+        gate.close()
+        run.write(sliced(2))
+        # The reload has kubelet's answer (no pod yet) on its way; Allocate still serves 4.
+        await run.kubelet.wait_for(lambda: gate.waiting == 1)
+        pod = await run.kubelet.admit_pod("p", containers={"c": {GPU: 32}})
+        gate.open()
+        dropped = {i for i in pod.device_ids("c", GPU) if i.endswith(("::2", "::3"))}
+        assert len(dropped) == 16
+        await run.kubelet.wait_for(
+            lambda: run.kubelet.capacity(GPU) == 32 and run.kubelet.allocatable(GPU) == 16,
+            timeout=3,
+        )
+        await run.settled()
+        assert holds_are_advertised(run.kubelet)
+        assert unhealthy(run.kubelet) == dropped
+        assert set(run.daemon.status.to_json()["resources"][GPU]["draining"]) == dropped
+        await drained_and_released(run, "p", 16)
+
+
+async def test_allocate_of_a_replica_withdrawn_a_moment_ago_is_honoured_and_drains(
+    short_dir: Path,
+) -> None:
+    """Defect 2: kubelet picked replicas it saw Healthy, the shrink arrived, and the Allocate
+    that followed was refused: the pod failed admission."""
+    async with running(short_dir, sliced(4)) as run:
+        gate = run.kubelet.allocate_gate
+        gate.close()
+        admission = asyncio.create_task(run.kubelet.admit_pod("p", containers={"c": {GPU: 32}}))
+        await run.kubelet.wait_for(lambda: gate.waiting == 1)  # picked all 32, not asked yet
+        run.write(sliced(2))
+        await run.kubelet.wait_for(lambda: run.kubelet.capacity(GPU) == 16)
+        gate.open()
+        pod = await admission
+        dropped = {i for i in pod.device_ids("c", GPU) if i.endswith(("::2", "::3"))}
+        assert len(dropped) == 16
+        await run.kubelet.wait_for(
+            lambda: run.kubelet.capacity(GPU) == 32 and run.kubelet.allocatable(GPU) == 16,
+            timeout=3,
+        )
+        await run.settled()
+        assert holds_are_advertised(run.kubelet)
+        assert unhealthy(run.kubelet) == dropped
+        # The honoured replicas are the pod's now: nobody else is given them meanwhile.
+        with pytest.raises(AdmissionError, match="Available: 0"):
+            await run.kubelet.admit_pod("q", containers={"c": {GPU: 1}})
+        await drained_and_released(run, "p", 16)
 
 
 @asynccontextmanager

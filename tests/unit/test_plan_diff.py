@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from plan_factory import config, gpu, node, time_slicing
+from plan_factory import config, gpu, gpu_uuid, node, time_slicing
 
 from sharing_plugin.plan import plan
 from sharing_plugin.plan.diff import diff, draining_ids, with_draining
@@ -57,3 +57,28 @@ def test_removed_resource_with_held_device_keeps_only_that_device() -> None:
     shared = drained.resource("nvidia.com/gpu.shared")
     assert shared is not None and shared.ids == (held_id,) and shared.healthy_count == 0
     assert drained.resource("nvidia.com/gpu") is not None
+
+
+# -- issue 16: grants PodResources does not show yet, and the first plan after a restart --------
+
+GPU = "nvidia.com/gpu"
+
+
+def test_granted_device_not_yet_held_drains_even_when_the_old_plan_lacks_it() -> None:
+    four = plan(time_slicing({"name": "gpu", "replicas": 4}), NODE)
+    two = plan(time_slicing({"name": "gpu", "replicas": 2}), NODE)
+    late = four.resources[0].devices[3]  # granted after `two` already withdrew it
+    assert late.id not in two.resources[0]
+    drained = with_draining(two, two, {}, granted={GPU: (late,)})
+    device = drained.resources[0].device(late.id)
+    assert device is not None and not device.healthy and device.physical == late.physical
+    assert draining_ids(drained, two) == {GPU: (late.id,)}
+    # A grant of a device the plan still advertises changes nothing.
+    kept = two.resources[0].devices[0]
+    assert with_draining(two, two, {}, granted={GPU: (kept,)}) == two
+
+
+def test_later_plans_leave_resources_that_were_never_ours_alone() -> None:
+    two = plan(time_slicing({"name": "gpu", "replicas": 2}), NODE)
+    held = {"nvidia.com/gpu.shared": frozenset({f"{gpu_uuid(0)}::0"})}
+    assert with_draining(two, two, held, node=NODE) == two
