@@ -6,7 +6,7 @@ out: push changed device lists on the live ListAndWatch streams, stop removed re
 and register new ones. Unchanged resources are not touched at all. While anything drains,
 PodResources is asked again every `drain_recheck_s` seconds so that a released device disappears;
 with nothing draining there is no periodic work. The first apply also removes the sockets a
-killed earlier run left behind.
+killed earlier run left behind, and counts what pods hold from before the restart.
 
 Allocate keeps answering while PodResources is asked, and kubelet records a grant only after
 Allocate returns, so the answer may miss devices granted a moment ago: the servers note every
@@ -108,6 +108,7 @@ class Supervisor:
             self._advertised,
             held or {},
             granted=self._grants.outstanding(),
+            node=context.inventory,
         )
         change = diff(self._advertised, effective)
         for resource in change.push:

@@ -118,6 +118,32 @@ async def plugin(root: Path, config: Path) -> AsyncIterator[Daemon]:
         yield daemon
 
 
+async def test_first_plan_after_a_restart_keeps_held_replicas_draining(short_dir: Path) -> None:
+    """Defect 3: the config changed while the plugin was down; the first plan of the new run
+    dropped the replicas running pods hold instead of draining them."""
+    config = short_dir / "config.yaml"
+    config.write_text(sliced(4), encoding="utf-8")
+    async with KubeletSimulator(short_dir, grace_period=0.2, dial_timeout=2.0) as kubelet:
+        async with plugin(short_dir, config):
+            await kubelet.wait_for(lambda: kubelet.allocatable(GPU) == 32)
+            pod = await kubelet.admit_pod("p", containers={"c": {GPU: 32}})
+        config.write_text(sliced(2), encoding="utf-8")
+        dropped = {i for i in pod.device_ids("c", GPU) if i.endswith(("::2", "::3"))}
+        async with plugin(short_dir, config) as daemon:
+            await kubelet.wait_for(
+                lambda: kubelet.capacity(GPU) == 32 and kubelet.allocatable(GPU) == 16,
+                timeout=3,
+            )
+            assert holds_are_advertised(kubelet)
+            assert unhealthy(kubelet) == dropped
+            assert set(daemon.status.to_json()["resources"][GPU]["draining"]) == dropped
+            metrics = daemon.metrics.render().decode()
+            assert f'sharing_plugin_draining_devices{{resource="{GPU}"}} 16.0' in metrics
+            kubelet.delete_pod("p")
+            await kubelet.wait_for(lambda: kubelet.capacity(GPU) == 16, timeout=5)
+            assert kubelet.allocatable(GPU) == 16
+
+
 def dead_socket(path: Path) -> None:
     """A socket file nobody listens on, as a killed process leaves it."""
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:

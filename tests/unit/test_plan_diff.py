@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from plan_factory import config, gpu, gpu_uuid, node, time_slicing
+from plan_factory import config, gpu, gpu_uuid, mig_uuid, node, time_slicing
 
 from sharing_plugin.plan import plan
 from sharing_plugin.plan.diff import diff, draining_ids, with_draining
@@ -76,6 +76,41 @@ def test_granted_device_not_yet_held_drains_even_when_the_old_plan_lacks_it() ->
     # A grant of a device the plan still advertises changes nothing.
     kept = two.resources[0].devices[0]
     assert with_draining(two, two, {}, granted={GPU: (kept,)}) == two
+
+
+def test_first_plan_after_a_restart_keeps_held_replicas_draining() -> None:
+    two = plan(time_slicing({"name": "gpu", "replicas": 2}), NODE)
+    held = frozenset({f"{gpu_uuid(0)}::3", f"{gpu_uuid(1)}::2", f"{gpu_uuid(1)}::0"})
+    drained = with_draining(two, None, {GPU: held})
+    assert draining_ids(drained, two) == {GPU: (f"{gpu_uuid(0)}::3", f"{gpu_uuid(1)}::2")}
+    rebuilt = drained.resources[0].device(f"{gpu_uuid(0)}::3")
+    sibling = two.resources[0].device(f"{gpu_uuid(0)}::0")
+    assert rebuilt is not None and sibling is not None
+    assert (rebuilt.physical, rebuilt.numa, rebuilt.replica) == (gpu_uuid(0), sibling.numa, 3)
+    assert not rebuilt.healthy
+
+
+def test_first_plan_keeps_a_renamed_resource_held_on_a_device_of_the_node() -> None:
+    migs = node(gpu(0, migs=("3g.40gb", "3g.40gb")), gpu(1, numa=1))
+    whole = plan(config(), migs)
+    held_mig = mig_uuid(0, 1)
+    held = {
+        "nvidia.com/mig-3g.40gb": frozenset({held_mig}),
+        "nvidia.com/gpu.shared": frozenset({f"{gpu_uuid(1)}::5"}),
+        "example.com/nic": frozenset({"nic-0"}),  # another plugin's
+        "nvidia.com/other": frozenset({"GPU-not-on-this-node::1"}),
+    }
+    drained = with_draining(whole, None, held, node=migs)
+    assert sorted(draining_ids(drained, whole)) == [
+        "nvidia.com/gpu.shared",
+        "nvidia.com/mig-3g.40gb",
+    ]
+    mig = drained.resource("nvidia.com/mig-3g.40gb")
+    assert mig is not None and mig.ids == (held_mig,) and mig.healthy_count == 0
+    device = mig.devices[0]
+    assert (device.gpu_uuid, device.is_mig, device.index) == (gpu_uuid(0), True, "0:1")
+    shared = drained.resource("nvidia.com/gpu.shared")
+    assert shared is not None and shared.devices[0].numa == 1
 
 
 def test_later_plans_leave_resources_that_were_never_ours_alone() -> None:
