@@ -5,8 +5,9 @@ drops as draining (Unhealthy), diffs against what kubelet currently sees, and ca
 out: push changed device lists on the live ListAndWatch streams, stop removed resources, start
 and register new ones. Unchanged resources are not touched at all. While anything drains,
 PodResources is asked again every `drain_recheck_s` seconds so that a released device disappears;
-with nothing draining there is no periodic work. The first apply also removes the sockets a
-killed earlier run left behind, and counts what pods hold from before the restart.
+with nothing draining there is no periodic work. While PodResources cannot answer (kubelet
+restarting), what pods held at its last answer still counts. The first apply also removes the
+sockets a killed earlier run left behind, and counts what pods hold from before the restart.
 
 Allocate keeps answering while PodResources is asked, and kubelet records a grant only after
 Allocate returns, so the answer may miss devices granted a moment ago: the servers note every
@@ -66,6 +67,9 @@ class Supervisor:
         self._retries: dict[str, asyncio.Task[None]] = {}
         self._drain_task: asyncio.Task[None] | None = None
         self._grants = GrantLedger(on_late=self._late_grant)
+        # PodResources' last answer: while kubelet cannot answer (restarting), pods are taken to
+        # hold what they held then, so nothing draining vanishes for a kubelet restart.
+        self._last_held: dict[str, frozenset[str]] = {}
         self._reapply: asyncio.Task[None] | None = None
         self._reapply_due = False
         self._started = False
@@ -103,10 +107,12 @@ class Supervisor:
         # From here until every live server has its new snapshot, nothing awaits: an Allocate
         # is either in the ledger read below or answered from the new snapshot.
         self._grants.settle(held, asked_at=asked_at)
+        if held is not None:
+            self._last_held = held
         effective = with_draining(
             plan,
             self._advertised,
-            held or {},
+            self._last_held,
             granted=self._grants.outstanding(),
             node=context.inventory,
         )

@@ -1,7 +1,8 @@
 """Which advertised devices pods hold, asked of kubelet's PodResources API (podresources/v1).
 
 A reload that drops replicas must not lie about capacity while a pod still holds one: those IDs
-stay advertised as Unhealthy until released (DESIGN §4), and only kubelet knows who holds what.
+stay advertised as Unhealthy until released (docs/contract.md), and only kubelet knows who
+holds what.
 The socket is optional (older kubelets, or the hostPath not mounted): its absence or a failing
 call is tolerated, answered `None`, and logged once until it works again, so a reload never
 fails because of it.
@@ -99,8 +100,9 @@ class PodResourcesClient:
         if not self._unavailable:
             self._unavailable = True
             log.warning(
-                "kubelet PodResources unavailable (%s): devices held by pods are unknown, so a "
-                "reload that drops devices cannot keep them draining; mount %s into the plugin",
+                "kubelet PodResources unavailable (%s): devices held by pods are taken as they "
+                "were at its last answer (none if it never answered), so a reload may drop a "
+                "device a pod holds; mount %s into the plugin",
                 why,
                 self.socket.parent,
             )

@@ -14,7 +14,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 
 import pytest
-from daemon_harness import Running, running
+from daemon_harness import Running, eventually, running
 
 from sharing_plugin.backends import backend_from_spec
 from sharing_plugin.daemon.app import Daemon
@@ -107,6 +107,29 @@ async def test_allocate_of_a_replica_withdrawn_a_moment_ago_is_honoured_and_drai
         # The honoured replicas are the pod's now: nobody else is given them meanwhile.
         with pytest.raises(AdmissionError, match="Available: 0"):
             await run.kubelet.admit_pod("q", containers={"c": {GPU: 1}})
+        await drained_and_released(run, "p", 16)
+
+
+async def test_draining_devices_stay_while_pod_resources_cannot_answer(
+    short_dir: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Found by the invariant test: a kubelet restarting (PodResources gone for a moment) made
+    every draining device vanish at the next recheck while pods still held them."""
+    async with running(short_dir, sliced(4)) as run:
+        pod = await run.kubelet.admit_pod("p", containers={"c": {GPU: 32}})
+        dropped = {i for i in pod.device_ids("c", GPU) if i.endswith(("::2", "::3"))}
+        run.write(sliced(2))
+        await run.kubelet.wait_for(lambda: unhealthy(run.kubelet) == dropped, timeout=3)
+        run.kubelet.pod_resources_socket.unlink()  # kubelet cannot answer for now
+        await eventually(lambda: "PodResources unavailable" in caplog.text, within=3)
+        messages = run.kubelet.messages(GPU)
+        await asyncio.sleep(0.3)  # several drain rechecks (every 0.05 s here) without an answer
+        assert unhealthy(run.kubelet) == dropped
+        assert holds_are_advertised(run.kubelet)
+        assert run.kubelet.messages(GPU) == messages  # nothing pushed meanwhile
+        await run.kubelet.restart()  # PodResources answers again; the pod is still there
+        await run.settled()
+        assert unhealthy(run.kubelet) == dropped
         await drained_and_released(run, "p", 16)
 
 
