@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
 from types import TracebackType
+from typing import overload
 
 from asyncinotify import Event, Inotify, Mask
 
@@ -67,6 +68,7 @@ class DirectoryWatch:
         self._max_batch_s = max_batch_s
         self._inotify: Inotify | None = None
         self._gone = False
+        self._pending: asyncio.Future[Event] | None = None
 
     async def __aenter__(self) -> DirectoryWatch:
         inotify = Inotify()
@@ -88,6 +90,10 @@ class DirectoryWatch:
         tb: TracebackType | None,
     ) -> None:
         inotify, self._inotify = self._inotify, None
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            pending.cancel()
+            await asyncio.wait([pending])
         if inotify is not None:
             inotify.close()
 
@@ -103,23 +109,44 @@ class DirectoryWatch:
         if self._gone:
             raise DirectoryGone(errno.ENOENT, "the watched directory is gone", str(self.directory))
         batch: list[FileChange] = []
-        gone = _add(batch, await inotify.get(), self.directory)
+        gone = _add(batch, await self._next(inotify, None), self.directory)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self._max_batch_s
         while not gone:
             quiet = min(self._debounce_s, deadline - loop.time())
             if quiet <= 0:
                 break
-            try:
-                async with asyncio.timeout(quiet):
-                    event = await inotify.get()
-            except TimeoutError:
+            event = await self._next(inotify, quiet)
+            if event is None:
                 break
             gone = _add(batch, event, self.directory)
         self._gone = gone
         if gone and not batch:
             raise DirectoryGone(errno.ENOENT, "the watched directory is gone", str(self.directory))
         return batch
+
+    @overload
+    async def _next(self, inotify: Inotify, within: None) -> Event: ...
+
+    @overload
+    async def _next(self, inotify: Inotify, within: float) -> Event | None: ...
+
+    async def _next(self, inotify: Inotify, within: float | None) -> Event | None:
+        """The next event; None when none came `within` that many seconds.
+
+        One `get()` stays pending across calls and is never cancelled while the watch lives:
+        cancelling it could drop events its reader had already taken from the descriptor (the
+        reader runs in the same loop turn as the timeout). A caller that is cancelled leaves
+        the pending get for the next call.
+        """
+        if self._pending is None:
+            self._pending = asyncio.ensure_future(inotify.get())
+        pending = self._pending
+        done, _ = await asyncio.wait([pending], timeout=within)
+        if not done:
+            return None
+        self._pending = None
+        return pending.result()
 
 
 def _add(batch: list[FileChange], event: Event, directory: Path) -> bool:

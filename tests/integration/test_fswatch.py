@@ -73,3 +73,25 @@ async def test_a_missing_directory_cannot_be_watched(tmp_path: Path) -> None:
     with pytest.raises(OSError):
         async with DirectoryWatch(tmp_path / "missing"):
             pass
+
+
+async def test_no_event_is_lost_when_quiet_timeouts_race_the_reader(tmp_path: Path) -> None:
+    """A quiet-time timeout that lands in the loop turn where the descriptor becomes readable
+    must not drop what the reader took (it did while each get() was cancelled on timeout)."""
+    names = [f"f{n}" for n in range(600)]
+    seen: set[str] = set()
+    async with DirectoryWatch(tmp_path, debounce_s=0.0005, max_batch_s=0.002) as watch:
+
+        async def consume() -> None:
+            while len(seen) < len(names):
+                for change in await watch.changes():
+                    if change.change is Change.ADDED:
+                        seen.add(change.path.name)
+
+        consumer = asyncio.create_task(consume())
+        for n, name in enumerate(names):
+            (tmp_path / name).touch()
+            if n % 3 == 0:
+                await asyncio.sleep(0.0005 * (n % 4))
+        await asyncio.wait_for(consumer, 10)
+    assert seen == set(names)
