@@ -19,7 +19,6 @@ import contextlib
 import logging
 from collections.abc import Mapping
 from pathlib import Path
-from types import TracebackType
 from typing import TYPE_CHECKING
 
 from sharing_plugin.config.loader import LoadedConfig
@@ -33,7 +32,7 @@ from sharing_plugin.daemon.mps_gate import MpsGate
 from sharing_plugin.daemon.options import RunOptions
 from sharing_plugin.daemon.report import NodeReport
 from sharing_plugin.daemon.supervisor import Supervisor
-from sharing_plugin.daemon.tasks import TaskOwner
+from sharing_plugin.daemon.tasks import Service, TaskOwner
 from sharing_plugin.errors import (
     ConfigError,
     NvmlError,
@@ -71,7 +70,7 @@ _FOLLOW_BACKOFF_S = (0.2, 10.0)
 _CLEAR_TIMEOUT_S = 1.0
 
 
-class Daemon:
+class Daemon(Service):
     """One running plugin; an async context manager that starts in order and stops cleanly."""
 
     def __init__(
@@ -121,22 +120,6 @@ class Daemon:
         )
 
     # --- lifecycle ---------------------------------------------------------------------------
-
-    async def __aenter__(self) -> Daemon:
-        try:
-            await self.start()
-        except BaseException:
-            await self.close()
-            raise
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.close()
 
     async def start(self) -> None:
         if self.options.metrics_address is not None:

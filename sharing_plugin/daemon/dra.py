@@ -27,7 +27,6 @@ import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import TracebackType
 from typing import TYPE_CHECKING
 
 from sharing_plugin.config.loader import LoadedConfig
@@ -36,7 +35,7 @@ from sharing_plugin.daemon.dra_pool import PoolKeeper
 from sharing_plugin.daemon.health_monitor import HealthMonitor
 from sharing_plugin.daemon.kube import ConfigFeed, api_client, config_feed
 from sharing_plugin.daemon.options import RunOptions
-from sharing_plugin.daemon.tasks import TaskOwner
+from sharing_plugin.daemon.tasks import Service, TaskOwner
 from sharing_plugin.dra.cdi import CdiSpecDir
 from sharing_plugin.dra.checkpoint import CHECKPOINT_FILE, Checkpoint
 from sharing_plugin.dra.claims import ApiClaimReader
@@ -77,7 +76,7 @@ class DraOptions:
     publish_backoff_s: tuple[float, float] = (0.2, 10.0)
 
 
-class DraDaemon:
+class DraDaemon(Service):
     """One running DRA kubelet plugin; an async context manager that starts in order."""
 
     def __init__(
@@ -105,22 +104,6 @@ class DraDaemon:
         self.preparer: ClaimPreparer | None = None
         self.keeper: PoolKeeper | None = None
         self.server: DraPluginServer | None = None
-
-    async def __aenter__(self) -> DraDaemon:
-        try:
-            await self.start()
-        except BaseException:
-            await self.close()
-            raise
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.close()
 
     # --- lifecycle ---------------------------------------------------------------------------
 

@@ -22,14 +22,13 @@ import asyncio
 import contextlib
 import logging
 from dataclasses import dataclass, field
-from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from sharing_plugin.config.model import Config
 from sharing_plugin.daemon.kube import ConfigFeed, api_client, config_feed, needs_api
 from sharing_plugin.daemon.mps_keeper import DaemonKeeper, KeeperTiming
 from sharing_plugin.daemon.options import RunOptions
-from sharing_plugin.daemon.tasks import TaskOwner
+from sharing_plugin.daemon.tasks import Service, TaskOwner
 from sharing_plugin.errors import NvmlError, PlanError, SharingPluginError
 from sharing_plugin.gpus.inventory import Inventory
 from sharing_plugin.kubelet.podresources import PodResourcesClient
@@ -65,7 +64,7 @@ class _Kept:
     task: asyncio.Task[Any]
 
 
-class MpsController:
+class MpsController(Service):
     """The `mps-control` process: config in, one supervised control daemon per MPS resource."""
 
     def __init__(
@@ -94,22 +93,6 @@ class MpsController:
         self._update_waiters: list[asyncio.Future[None]] = []
 
     # --- lifecycle ---------------------------------------------------------------------------
-
-    async def __aenter__(self) -> MpsController:
-        try:
-            await self.start()
-        except BaseException:
-            await self.close()
-            raise
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.close()
 
     async def start(self) -> None:
         source = self.options.source
