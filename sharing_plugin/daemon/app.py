@@ -21,6 +21,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from sharing_plugin import installed_version
 from sharing_plugin.config.loader import LoadedConfig
 from sharing_plugin.config.model import Config
 from sharing_plugin.daemon.health_monitor import HealthMonitor
@@ -84,7 +85,7 @@ class Daemon(Service):
         simulator); `kube_client` replaces the credentials found in the environment."""
         self.options = options
         self._kube_client = kube_client
-        self.metrics = Metrics()
+        self.metrics = Metrics(version=installed_version())
         self.status = StatusBoard()
         self.nvml = nvml
         self._stop = asyncio.Event()
@@ -439,6 +440,11 @@ class Daemon(Service):
                 generation=self._generation,
             )
             self.metrics.count_reload(True)
+            self.metrics.set_config(
+                name=name,
+                hash_=loaded.source_hash if loaded else "",
+                generation=self._generation,
+            )
             self.report.applied(
                 name=name,
                 hash_=loaded.source_hash if loaded else "",

@@ -9,6 +9,11 @@ Gauges describe the present (devices per resource, GPU health) and are removed w
 `forget_resource` when a reload drops a resource, so a dashboard does not keep showing a resource
 the node no longer advertises. Counters are never removed: Prometheus' `rate()` expects them to
 only grow for the life of the process.
+
+The registry also carries prometheus-client's `process_*`, `python_info` and `python_gc_*`
+collectors. Counters and histograms export no `_created` series: prometheus-client only offers a
+process-wide switch, turned off when this module is imported (Prometheus ignores them in the text
+format, and they double the lines of every labelled counter).
 """
 
 from __future__ import annotations
@@ -17,7 +22,21 @@ import contextlib
 import time
 from collections.abc import Callable
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    GCCollector,
+    Histogram,
+    PlatformCollector,
+    ProcessCollector,
+    disable_created_metrics,
+    generate_latest,
+)
+
+from sharing_plugin import installed_version
+
+disable_created_metrics()  # type: ignore[no-untyped-call]
 
 #: The text exposition format `render()` produces (what Prometheus scrapes).
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -48,17 +67,29 @@ def _result(ok: bool) -> str:
 class Metrics:
     """The plugin's metrics; every method is cheap and safe to call from the event loop."""
 
-    def __init__(self, *, version: str = "unknown", clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self, *, version: str | None = None, clock: Callable[[], float] = time.time
+    ) -> None:
+        """`version` defaults to the installed package's (`sharing_plugin.installed_version`)."""
         self.registry = CollectorRegistry(auto_describe=True)
         self._clock = clock
         r = self.registry
+        ProcessCollector(registry=r)
+        PlatformCollector(registry=r)
+        GCCollector(registry=r)
         self._build_info = Gauge(
             f"{_PREFIX}_build_info",
             "Always 1; labels carry the plugin version.",
             ["version"],
             registry=r,
         )
-        self._build_info.labels(version).set(1)
+        self._build_info.labels(version or installed_version()).set(1)
+        self._config_info = Gauge(
+            f"{_PREFIX}_config_info",
+            "Always 1; labels name the config in use (name, source hash, generation).",
+            ["name", "hash", "generation"],
+            registry=r,
+        )
         self._devices = Gauge(
             f"{_PREFIX}_devices",
             "Devices advertised to kubelet per resource (healthy, unhealthy and draining).",
@@ -175,6 +206,11 @@ class Metrics:
         self._registrations.labels(resource, _result(ok)).inc()
 
     # --- config ------------------------------------------------------------------------------
+
+    def set_config(self, *, name: str | None, hash_: str, generation: int) -> None:
+        """Record the config now applied; the series of the previous one goes away."""
+        self._config_info.clear()
+        self._config_info.labels(name or "", hash_, str(generation)).set(1)
 
     def count_reload(self, ok: bool) -> None:
         """Count one reload attempt; a rejected one leaves the success timestamp where it was."""

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import sys
+
 from prometheus_client.parser import text_string_to_metric_families
 
+from sharing_plugin import installed_version
 from sharing_plugin.observability import Metrics
 
 GPU = "nvidia.com/gpu"
@@ -98,3 +101,41 @@ def test_each_instance_has_its_own_registry() -> None:
     b.set_devices(GPU, total=2, healthy=2)
     assert value(a, "sharing_plugin_devices", resource=GPU) == 1
     assert value(b, "sharing_plugin_devices", resource=GPU) == 2
+
+
+def test_build_info_defaults_to_the_installed_version() -> None:
+    assert value(Metrics(), "sharing_plugin_build_info", version=installed_version()) == 1
+    assert value(Metrics(version="1.2.3"), "sharing_plugin_build_info", version="1.2.3") == 1
+
+
+def test_config_info_is_one_series_replaced_on_each_applied_config() -> None:
+    m = Metrics()
+    m.set_config(name=None, hash_="abc", generation=1)
+    info = {k: v for k, v in samples(m).items() if k[0] == "sharing_plugin_config_info"}
+    assert info == {
+        (
+            "sharing_plugin_config_info",
+            frozenset({("name", ""), ("hash", "abc"), ("generation", "1")}),
+        ): 1
+    }
+    m.set_config(name="small", hash_="def", generation=2)
+    info = {k: v for k, v in samples(m).items() if k[0] == "sharing_plugin_config_info"}
+    assert info == {
+        (
+            "sharing_plugin_config_info",
+            frozenset({("name", "small"), ("hash", "def"), ("generation", "2")}),
+        ): 1
+    }
+
+
+def test_no_created_series_and_process_and_python_collectors() -> None:
+    m = Metrics()
+    m.observe_allocate(GPU, 0.001)
+    m.count_reload(True)
+    names = {name for name, _ in samples(m)}
+    assert not [n for n in names if n.endswith("_created")]
+    assert "python_info" in names
+    assert any(n.startswith("python_gc_") for n in names)
+    if sys.platform == "linux":
+        assert "process_resident_memory_bytes" in names
+        assert "process_start_time_seconds" in names

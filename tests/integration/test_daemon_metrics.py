@@ -1,0 +1,57 @@
+"""What a running daemon's /metrics says about itself: version, config in use, devices in use."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from daemon_harness import eventually, running
+from prometheus_client.parser import text_string_to_metric_families
+
+from sharing_plugin import installed_version
+from sharing_plugin.daemon.app import Daemon
+
+TIME_SLICING = """\
+version: v1
+sharing:
+  timeSlicing:
+    resources:
+      - name: nvidia.com/gpu
+        replicas: 2
+"""
+GPU = "nvidia.com/gpu"
+
+
+def series(daemon: Daemon, name: str) -> dict[frozenset[tuple[str, str]], float]:
+    text = daemon.metrics.render().decode()
+    return {
+        frozenset(s.labels.items()): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+        if s.name == name
+    }
+
+
+async def test_build_info_carries_the_installed_version(short_dir: Path) -> None:
+    async with running(short_dir, TIME_SLICING) as run:
+        info = series(run.daemon, "sharing_plugin_build_info")
+        assert info == {frozenset({("version", installed_version())}): 1}
+        assert installed_version() != "unknown"
+
+
+async def test_config_info_names_the_config_in_use_and_follows_reloads(short_dir: Path) -> None:
+    async with running(short_dir, TIME_SLICING) as run:
+        status = run.daemon.status.config
+        assert status is not None
+        (labels,) = series(run.daemon, "sharing_plugin_config_info")
+        assert dict(labels) == {"name": "", "hash": status.hash, "generation": "1"}
+
+        run.write(TIME_SLICING.replace("replicas: 2", "replicas: 3"))
+        await eventually(
+            lambda: any(
+                ("generation", "2") in labels
+                for labels in series(run.daemon, "sharing_plugin_config_info")
+            )
+        )
+        (labels,) = series(run.daemon, "sharing_plugin_config_info")  # one series at a time
+        assert (now := run.daemon.status.config) is not None and dict(labels)["hash"] == now.hash
+        assert dict(labels)["hash"] != status.hash
