@@ -366,10 +366,15 @@ class Daemon(Service):
     def _reject(self, error: Exception | str, reason: str) -> None:
         lines = str(error).splitlines() or [str(error)]
         what = "config rejected" if isinstance(error, ConfigError | str) else "cannot apply config"
+        fields = {"reason": reason}
         for line in lines:
-            log.error("%s (%s): %s", what, reason, line)
+            log.error("%s (%s): %s", what, reason, line, extra=fields)
         if self._loaded is not None:
-            log.error("keeping the last good config (generation %d)", self._generation)
+            log.error(
+                "keeping the last good config (generation %d)",
+                self._generation,
+                extra={**fields, "generation": self._generation},
+            )
         self.status.set_error(lines[0] if len(lines) == 1 else "; ".join(lines))
         self.metrics.count_reload(False)
         self.report.rejected(lines[0])
@@ -429,9 +434,9 @@ class Daemon(Service):
         if not same:
             self._generation += 1
             for warning in (*(loaded.warnings if loaded else ()), *base.warnings):
-                log.warning("config: %s", warning)
+                log.warning("config: %s", warning, extra={"generation": self._generation})
             for note in loaded.notes if loaded else ():
-                log.info("config: %s", note)
+                log.info("config: %s", note, extra={"generation": self._generation})
         retry = reason in _REAPPLY
         if not retry:  # a retry is no reload: it must not clear lastError nor count as one
             self.status.set_config(
@@ -461,6 +466,12 @@ class Daemon(Service):
             reason,
             self._generation,
             change.describe(),
+            extra={
+                "config": name or "",
+                "hash": loaded.source_hash if loaded else "",
+                "generation": self._generation,
+                "reason": reason,
+            },
         )
 
     def _effective(self, config: Config) -> Plan:
