@@ -154,6 +154,25 @@ class Supervisor:
         return change
 
     def _report(self, effective: Plan, draining: Mapping[str, tuple[str, ...]]) -> None:
+        granted = self._grants.outstanding()
+        replicas_in_use: dict[str, int] = {}
+        for resource in effective.resources:
+            held = self._last_held.get(resource.name, frozenset()) | {
+                d.id for d in granted.get(resource.name, ())
+            }
+            in_use = [d for d in resource.devices if d.id in held]
+            self._metrics.set_usage(
+                resource.name,
+                allocated=len(in_use),
+                available=sum(1 for d in resource.devices if d.healthy and d.id not in held),
+            )
+            for device in resource.devices:
+                if device.shared:
+                    replicas_in_use.setdefault(device.gpu_uuid, 0)
+            for device in in_use:
+                if device.shared:
+                    replicas_in_use[device.gpu_uuid] += 1
+        self._metrics.set_replicas_in_use(replicas_in_use)
         for resource in effective.resources:
             leaving = draining.get(resource.name, ())
             self._status.set_resource(

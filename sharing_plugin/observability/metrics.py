@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from prometheus_client import (
     CollectorRegistry,
@@ -108,6 +108,24 @@ class Metrics:
             ["resource"],
             registry=r,
         )
+        self._allocated = Gauge(
+            f"{_PREFIX}_devices_allocated",
+            "Devices of the resource pods hold (PodResources, plus grants it has not shown yet).",
+            ["resource"],
+            registry=r,
+        )
+        self._available = Gauge(
+            f"{_PREFIX}_devices_available",
+            "Devices advertised Healthy that no pod holds.",
+            ["resource"],
+            registry=r,
+        )
+        self._replicas_in_use = Gauge(
+            f"{_PREFIX}_gpu_replicas_in_use",
+            "Shared replicas (time-slicing or MPS) pods hold on the GPU, all resources together.",
+            ["gpu"],
+            registry=r,
+        )
         self._registered = Gauge(
             f"{_PREFIX}_resource_registered",
             "1 when kubelet accepted the resource's registration, else 0.",
@@ -188,12 +206,31 @@ class Metrics:
         self._healthy.labels(resource).set(healthy)
         self._draining.labels(resource).set(draining)
 
+    def set_usage(self, resource: str, *, allocated: int, available: int) -> None:
+        """Record how many of the resource's devices pods hold and how many are free."""
+        self._allocated.labels(resource).set(allocated)
+        self._available.labels(resource).set(available)
+
+    def set_replicas_in_use(self, per_gpu: Mapping[str, int]) -> None:
+        """Replicas in use per GPU UUID; GPUs left out (no longer shared) lose their series."""
+        self._replicas_in_use.clear()
+        for gpu, count in per_gpu.items():
+            self._replicas_in_use.labels(gpu).set(count)
+
     def set_registered(self, resource: str, registered: bool) -> None:
         self._registered.labels(resource).set(1 if registered else 0)
 
     def forget_resource(self, resource: str) -> None:
         """Drop the gauges of a resource a reload removed; its counters keep their totals."""
-        for gauge in (self._devices, self._healthy, self._draining, self._registered):
+        gauges = (
+            self._devices,
+            self._healthy,
+            self._draining,
+            self._allocated,
+            self._available,
+            self._registered,
+        )
+        for gauge in gauges:
             with contextlib.suppress(KeyError):  # never set: nothing to forget
                 gauge.remove(resource)
 

@@ -55,3 +55,28 @@ async def test_config_info_names_the_config_in_use_and_follows_reloads(short_dir
         (labels,) = series(run.daemon, "sharing_plugin_config_info")  # one series at a time
         assert (now := run.daemon.status.config) is not None and dict(labels)["hash"] == now.hash
         assert dict(labels)["hash"] != status.hash
+
+
+async def test_allocated_available_and_replicas_in_use_follow_pods(short_dir: Path) -> None:
+    async with running(short_dir, TIME_SLICING) as run:  # 8 GPUs x 2 replicas
+        assert series(run.daemon, "sharing_plugin_devices_allocated") == {
+            frozenset({("resource", GPU)}): 0
+        }
+        pod = await run.kubelet.admit_pod("p", containers={"c": {GPU: 1}})
+        (device_id,) = pod.device_ids("c", GPU)
+        gpu = device_id.split("::")[0]
+        # the supervisor applies again (a reload); the PodResources answer it reads has the pod
+        run.write(TIME_SLICING + "# touched\n")
+
+        def counted() -> bool:
+            return series(run.daemon, "sharing_plugin_devices_allocated") == {
+                frozenset({("resource", GPU)}): 1
+            }
+
+        await eventually(counted)
+        assert series(run.daemon, "sharing_plugin_devices_available") == {
+            frozenset({("resource", GPU)}): 15
+        }
+        in_use = series(run.daemon, "sharing_plugin_gpu_replicas_in_use")
+        assert in_use[frozenset({("gpu", gpu)})] == 1
+        assert len(in_use) == 8 and sum(in_use.values()) == 1

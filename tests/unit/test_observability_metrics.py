@@ -139,3 +139,18 @@ def test_no_created_series_and_process_and_python_collectors() -> None:
     if sys.platform == "linux":
         assert "process_resident_memory_bytes" in names
         assert "process_start_time_seconds" in names
+
+
+def test_usage_per_resource_and_replicas_in_use_per_gpu() -> None:
+    m = Metrics()
+    m.set_usage(GPU, allocated=3, available=5)
+    assert value(m, "sharing_plugin_devices_allocated", resource=GPU) == 3
+    assert value(m, "sharing_plugin_devices_available", resource=GPU) == 5
+    m.set_replicas_in_use({"GPU-a": 2, "GPU-b": 0})
+    assert value(m, "sharing_plugin_gpu_replicas_in_use", gpu="GPU-a") == 2
+    m.set_replicas_in_use({"GPU-b": 1})
+    assert value(m, "sharing_plugin_gpu_replicas_in_use", gpu="GPU-a") is None
+    assert value(m, "sharing_plugin_gpu_replicas_in_use", gpu="GPU-b") == 1
+    m.forget_resource(GPU)
+    assert value(m, "sharing_plugin_devices_allocated", resource=GPU) is None
+    assert value(m, "sharing_plugin_devices_available", resource=GPU) is None
