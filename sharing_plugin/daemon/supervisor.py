@@ -31,7 +31,12 @@ from sharing_plugin.daemon.tasks import TaskOwner
 from sharing_plugin.errors import KubeletError
 from sharing_plugin.kubelet.grants import GrantLedger
 from sharing_plugin.kubelet.podresources import PodResourcesClient
-from sharing_plugin.kubelet.server import AllocateContext, ResourceServer, remove_stale_sockets
+from sharing_plugin.kubelet.server import (
+    AllocateContext,
+    ResourceServer,
+    raise_if_cancelled,
+    remove_stale_sockets,
+)
 from sharing_plugin.observability.metrics import Metrics
 from sharing_plugin.observability.status import StatusBoard
 from sharing_plugin.plan.diff import PlanDiff, diff, draining_ids, with_draining
@@ -228,6 +233,7 @@ class Supervisor:
                             await server.register()
                         except (KubeletError, OSError) as exc:
                             log.debug("registration of %s still failing: %s", server.name, exc)
+                            raise_if_cancelled()
                         else:
                             self._status.set_registered(server.name, True)
                             log.info("registered %s with kubelet", server.name)

@@ -146,3 +146,8 @@ class KubeletWatcher:
             await callback
         except Exception:
             log.exception("handling a kubelet restart failed; waiting for the next change")
+        # A cancellation swallowed inside the callback (grpc.aio's shutdown on Python 3.11)
+        # must still end the watch.
+        task = asyncio.current_task()
+        if task is not None and task.cancelling():
+            raise asyncio.CancelledError
