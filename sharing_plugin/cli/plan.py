@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
 from sharing_plugin.cli.common import EXIT_INVALID, EXIT_OK, EXIT_USAGE, STDIN
+from sharing_plugin.cli.dra import DEFAULT_DRIVER
 from sharing_plugin.errors import ConfigError, PlanError, SharingPluginError
 
 if TYPE_CHECKING:
@@ -48,7 +49,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     plan.add_argument(
         "--driver-name",
-        default="gpu.sharing-plugin.io",
+        default=DEFAULT_DRIVER,
         metavar="NAME",
         help="the DRA driver's name in --format dra",
     )

@@ -12,10 +12,6 @@ from typing import Protocol
 class KubeletRecorder(Protocol):
     """The calls the resource servers make on the process's metrics."""
 
-    def set_devices(
-        self, resource: str, *, total: int, healthy: int, draining: int = 0
-    ) -> None: ...
-
     def set_registered(self, resource: str, registered: bool) -> None: ...
 
     def count_registration(self, resource: str, *, ok: bool = True) -> None: ...

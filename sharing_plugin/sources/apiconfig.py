@@ -168,11 +168,10 @@ class ApiConfigSource:
 
     def _api_object(self, obj: Any | None) -> None:
         was_ok, self._api_ok = self._api_ok, True
-        exists = obj is not None
-        data = dict(obj.data or {}) if obj is not None else {}
-        if exists == self._exists and data == self._data and was_ok and not self._serving_mounted:
+        before = (self._exists, self._data)
+        self._take(obj)
+        if before == (self._exists, self._data) and was_ok and not self._serving_mounted:
             return
-        self._exists, self._data = exists, data
         if self._serving_mounted:
             log.info("ConfigMap %s: the API answers again; serving its copy", self.label)
         self._serving_mounted = False

@@ -49,8 +49,6 @@ def client_from_environment(
 ) -> AsyncClient | None:
     """A client with the in-cluster service account, else `KUBECONFIG` (or ~/.kube/config);
     None when there is neither. Exec-plugin credentials (EKS, GKE, AKS) work as in kubectl."""
-    from lightkube import AsyncClient, KubeConfig
-
     env = os.environ if environ is None else environ
     if (service_account_dir / "token").is_file():
         source = service_account_dir
@@ -60,27 +58,27 @@ def client_from_environment(
         source = default
     else:
         return None
-    try:
-        if source == service_account_dir:
-            config = KubeConfig.from_service_account(service_account_dir)
-        else:
-            config = KubeConfig.from_file(source)
-    except Exception as exc:  # unreadable, not YAML, no current context, ...
-        what = "service account" if source == service_account_dir else "kubeconfig"
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise KubeApiError(f"{what} {source}: cannot read: {first}") from exc
-    return AsyncClient(config=config)
+    return _client(source, service_account=source == service_account_dir)
 
 
 def client_from_kubeconfig(path: str | Path) -> AsyncClient:
     """A client for the kubeconfig file at `path`."""
-    return _client({"KUBECONFIG": str(path)})
+    return _client(Path(path), service_account=False)
 
 
-def _client(environ: Mapping[str, str]) -> AsyncClient:
-    client = client_from_environment(environ, service_account_dir=Path("/nonexistent"))
-    assert client is not None
-    return client
+def _client(source: Path, *, service_account: bool) -> AsyncClient:
+    from lightkube import AsyncClient, KubeConfig
+
+    try:
+        if service_account:
+            config = KubeConfig.from_service_account(source)
+        else:
+            config = KubeConfig.from_file(source)
+    except Exception as exc:  # unreadable, not YAML, no current context, ...
+        what = "service account" if service_account else "kubeconfig"
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise KubeApiError(f"{what} {source}: cannot read: {first}") from exc
+    return AsyncClient(config=config)
 
 
 @dataclass(frozen=True, slots=True)
