@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 from sharing_plugin.cli import check, demo, dra, mps, plan, run
 from sharing_plugin.cli.common import EXIT_INVALID, EXIT_OK, EXIT_USAGE
@@ -18,14 +19,26 @@ from sharing_plugin.cli.common import EXIT_INVALID, EXIT_OK, EXIT_USAGE
 __all__ = ["EXIT_INVALID", "EXIT_OK", "EXIT_USAGE", "main"]
 
 
-def _parser() -> argparse.ArgumentParser:
-    from sharing_plugin import __version__
+class _VersionAction(argparse.Action):
+    """`--version`: the installed version, looked up only when asked (the lookup reads package
+    metadata, which every other command would pay for at start)."""
 
+    def __init__(self, option_strings: Sequence[str], dest: str, **kwargs: Any) -> None:
+        super().__init__(option_strings, dest, nargs=0, help="show the version and exit")
+
+    def __call__(self, parser: argparse.ArgumentParser, *args: Any, **kwargs: Any) -> None:
+        from sharing_plugin import installed_version
+
+        print(f"{parser.prog} {installed_version()}")
+        parser.exit()
+
+
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="sharing-plugin",
         description="Kubernetes device plugin for NVIDIA GPUs: time-slicing, MIG and MPS.",
     )
-    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    parser.add_argument("--version", action=_VersionAction)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for command in (check, plan, run, dra, mps, demo):
         command.register(sub)

@@ -61,7 +61,7 @@ def _cmd_validate(args: argparse.Namespace) -> int:
 
 
 def _cmd_schema(args: argparse.Namespace) -> int:
-    from sharing_plugin.config import schema_text
+    from sharing_plugin.config.schema import schema_text
 
     sys.stdout.write(schema_text())
     return EXIT_OK

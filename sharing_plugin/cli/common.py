@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from types import TracebackType
+from typing import Protocol, Self
 
 EXIT_OK = 0
 EXIT_INVALID = 1
@@ -32,3 +35,51 @@ def on_off(flag: str, value: str) -> bool:
     if word in ("off", "false", "0", "no"):
         return False
     raise ValueError(f"{flag} must be on or off (got {value!r})")
+
+
+class SignalledService(Protocol):
+    """A long-running command's service: stopped by SIGTERM/SIGINT, reloaded by SIGHUP."""
+
+    def request_stop(self) -> None: ...
+
+    def request_reload(self) -> None: ...
+
+    async def wait_stopped(self) -> None: ...
+
+    async def __aenter__(self) -> Self: ...
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None: ...
+
+
+def serve_until_stopped(
+    build: Callable[[], SignalledService], *, logger: logging.Logger, stopping: str
+) -> None:
+    """Run the service `build()` makes until a signal stops it; errors propagate.
+
+    The handlers are installed before the service starts, so a signal that arrives during
+    start-up stops it gracefully too, once start-up has finished. asyncio is imported here, not
+    at the top, so that commands that never serve (`validate`, `plan`) do not load it.
+    """
+    import asyncio
+    import signal
+
+    async def serve() -> None:
+        service = build()
+        loop = asyncio.get_running_loop()
+        loop.add_signal_handler(signal.SIGTERM, service.request_stop)
+        loop.add_signal_handler(signal.SIGINT, service.request_stop)
+        loop.add_signal_handler(signal.SIGHUP, service.request_reload)
+        try:
+            async with service:
+                await service.wait_stopped()
+                logger.info(stopping)
+        finally:
+            for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+                loop.remove_signal_handler(sig)
+
+    asyncio.run(serve())

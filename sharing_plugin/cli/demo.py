@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import logging
-import signal
 
 from sharing_plugin.cli.common import EXIT_OK
 
@@ -17,6 +15,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
+    import asyncio
+    import signal
+
     from sharing_plugin.daemon.logs import configure as configure_logging
     from sharing_plugin.sim.demo import run_demo
 

@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import logging
 import re
-import signal
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -18,12 +16,13 @@ from sharing_plugin.cli.common import (
     Flag,
     add_env_flags,
     on_off,
+    serve_until_stopped,
 )
 from sharing_plugin.cli.run import SOURCE_FLAGS, run_options
 from sharing_plugin.errors import SharingPluginError
 
 if TYPE_CHECKING:
-    from sharing_plugin.daemon.dra import DraOptions
+    from sharing_plugin.daemon.dra import DraDaemon, DraOptions
 
 DEFAULT_DRIVER = "gpu.sharing-plugin.io"  # plan.dra.DEFAULT_DRIVER, without importing the plan
 DRA_FLAGS: tuple[Flag, ...] = (
@@ -79,22 +78,11 @@ def dra_options(args: argparse.Namespace) -> DraOptions:
     )
 
 
-async def _serve(options: DraOptions) -> None:
+def _daemon(options: DraOptions) -> DraDaemon:
     from sharing_plugin.backends import backend_from_spec
     from sharing_plugin.daemon.dra import DraDaemon
 
-    loop = asyncio.get_running_loop()
-    daemon = DraDaemon(options, nvml=backend_from_spec(options.run.gpus))
-    loop.add_signal_handler(signal.SIGTERM, daemon.request_stop)
-    loop.add_signal_handler(signal.SIGINT, daemon.request_stop)
-    loop.add_signal_handler(signal.SIGHUP, daemon.request_reload)
-    try:
-        async with daemon:
-            await daemon.wait_stopped()
-            logging.getLogger(__name__).info("stopping")
-    finally:
-        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-            loop.remove_signal_handler(sig)
+    return DraDaemon(options, nvml=backend_from_spec(options.run.gpus))
 
 
 def _cmd_run_dra(args: argparse.Namespace) -> int:
@@ -111,7 +99,9 @@ def _cmd_run_dra(args: argparse.Namespace) -> int:
         from sharing_plugin.dra.server import check_socket_paths
 
         check_socket_paths(options.run.kubelet_dir, options.driver_name)
-        asyncio.run(_serve(options))
+        serve_until_stopped(
+            lambda: _daemon(options), logger=logging.getLogger(__name__), stopping="stopping"
+        )
     except SharingPluginError as exc:
         logging.getLogger(__name__).error("cannot run: %s", exc)
         return EXIT_INVALID

@@ -3,19 +3,24 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import logging
-import signal
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from sharing_plugin.cli.common import EXIT_INVALID, EXIT_OK, EXIT_USAGE, Flag, add_env_flags
+from sharing_plugin.cli.common import (
+    EXIT_INVALID,
+    EXIT_OK,
+    EXIT_USAGE,
+    Flag,
+    add_env_flags,
+    serve_until_stopped,
+)
 from sharing_plugin.cli.run import SOURCE_FLAGS
 from sharing_plugin.errors import SharingPluginError
 
 if TYPE_CHECKING:
-    from sharing_plugin.daemon.mps import MpsControlOptions
+    from sharing_plugin.daemon.mps import MpsController, MpsControlOptions
 
 # Metrics and health are served by `run`, in the same pod and network namespace.
 _SOURCE_FLAGS = tuple(f for f in SOURCE_FLAGS if f[0] != "--metrics-address")
@@ -63,27 +68,16 @@ def mps_options(args: argparse.Namespace) -> MpsControlOptions:
     )
 
 
-async def _serve(options: MpsControlOptions) -> None:
+def _controller(options: MpsControlOptions) -> MpsController:
     from sharing_plugin.backends import backend_from_spec
     from sharing_plugin.daemon.mps import MpsController
     from sharing_plugin.mps import ControlBinary
 
-    loop = asyncio.get_running_loop()
-    controller = MpsController(
+    return MpsController(
         options,
         nvml=backend_from_spec(options.source.gpus),
         control=ControlBinary(options.control_bin),
     )
-    loop.add_signal_handler(signal.SIGTERM, controller.request_stop)
-    loop.add_signal_handler(signal.SIGINT, controller.request_stop)
-    loop.add_signal_handler(signal.SIGHUP, controller.request_reload)
-    try:
-        async with controller:
-            await controller.wait_stopped()
-            logging.getLogger(__name__).info("stopping; the MPS daemons keep running")
-    finally:
-        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-            loop.remove_signal_handler(sig)
 
 
 def _cmd_mps_control(args: argparse.Namespace) -> int:
@@ -97,7 +91,11 @@ def _cmd_mps_control(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     configure_logging(args.log_format, level=parse_log_level(args.log_level))
     try:
-        asyncio.run(_serve(options))
+        serve_until_stopped(
+            lambda: _controller(options),
+            logger=logging.getLogger(__name__),
+            stopping="stopping; the MPS daemons keep running",
+        )
     except SharingPluginError as exc:
         logging.getLogger(__name__).error("cannot run: %s", exc)
         return EXIT_INVALID

@@ -89,7 +89,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
 
 def _plan_node(args: argparse.Namespace) -> int:
     from sharing_plugin.backends import backend_from_spec, names_node_file
-    from sharing_plugin.config import select
+    from sharing_plugin.config.loader import select
     from sharing_plugin.nvml.discover import discover
     from sharing_plugin.plan.labels import labels, render_labels
     from sharing_plugin.plan.node import plan_node

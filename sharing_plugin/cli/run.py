@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import logging
 import os
-import signal
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -18,11 +16,13 @@ from sharing_plugin.cli.common import (
     Flag,
     add_env_flags,
     on_off,
+    serve_until_stopped,
 )
 from sharing_plugin.config.names import DEFAULT_CONFIG_LABEL
 from sharing_plugin.errors import SharingPluginError
 
 if TYPE_CHECKING:
+    from sharing_plugin.daemon.app import Daemon
     from sharing_plugin.daemon.options import RunOptions
 
 # Where the config comes from and which GPUs: shared by every command that serves a config.
@@ -81,24 +81,11 @@ def run_options(args: argparse.Namespace) -> RunOptions:
     )
 
 
-async def _serve(options: RunOptions) -> None:
+def _daemon(options: RunOptions) -> Daemon:
     from sharing_plugin.backends import backend_from_spec
     from sharing_plugin.daemon.app import Daemon
 
-    loop = asyncio.get_running_loop()
-    daemon = Daemon(options, nvml=backend_from_spec(options.gpus))
-    # Handlers first: a signal that arrives while the daemon is still starting must stop it
-    # gracefully too (it is acted on as soon as start-up has finished).
-    loop.add_signal_handler(signal.SIGTERM, daemon.request_stop)
-    loop.add_signal_handler(signal.SIGINT, daemon.request_stop)
-    loop.add_signal_handler(signal.SIGHUP, daemon.request_reload)
-    try:
-        async with daemon:
-            await daemon.wait_stopped()
-            logging.getLogger(__name__).info("stopping")
-    finally:
-        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-            loop.remove_signal_handler(sig)
+    return Daemon(options, nvml=backend_from_spec(options.gpus))
 
 
 def check_socket_paths(kubelet_dir: Path) -> None:
@@ -146,7 +133,9 @@ def _cmd_run(args: argparse.Namespace) -> int:
     configure_logging(args.log_format, level=parse_log_level(args.log_level))
     try:
         check_socket_paths(options.kubelet_dir)
-        asyncio.run(_serve(options))
+        serve_until_stopped(
+            lambda: _daemon(options), logger=logging.getLogger(__name__), stopping="stopping"
+        )
     except SharingPluginError as exc:
         logging.getLogger(__name__).error("cannot run: %s", exc)
         return EXIT_INVALID

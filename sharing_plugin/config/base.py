@@ -64,7 +64,6 @@ class Strict(BaseModel):
         populate_by_name=True,
         extra="forbid",
         frozen=True,
-        use_attribute_docstrings=True,
         field_title_generator=lambda name, info: info.alias or to_camel(name),
     )
 

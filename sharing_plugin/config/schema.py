@@ -11,13 +11,25 @@ loader, once for every section rather than field by field:
 - a mapping whose keys follow a pattern (MIG profiles) takes no other keys, as the model refuses
   them;
 - a key that holds a section carries the section's description, so an editor shows it on hover.
+
+A field's description is the docstring written under it in the model. Pydantic can read those
+itself (`use_attribute_docstrings`), but only by parsing every model's source when the class is
+built, which is most of the cost of importing the model; they are read here instead, when a
+schema is asked for, and only validation pays nothing for them.
 """
 
 from __future__ import annotations
 
+import ast
 import copy
+import inspect
 import json
+import textwrap
+import types
+import typing
 from typing import Any
+
+from pydantic import BaseModel
 
 from sharing_plugin.config.compat import without_nulls
 from sharing_plugin.config.model import Config
@@ -35,6 +47,7 @@ DocPath = tuple[str | int, ...]
 def config_schema() -> dict[str, Any]:
     # A copy: pydantic may hand out the very dicts the field types declare.
     schema = copy.deepcopy(Config.model_json_schema(by_alias=True, mode="validation"))
+    _add_field_docs(schema)
     _Completion(schema.get("$defs", {})).visit(schema, (), ())
     return {
         "$schema": "https://json-schema.org/draft/2020-12/schema",
@@ -133,6 +146,66 @@ class _Completion:
                 if target.get("description"):
                     node["description"] = target["description"]
                     return
+
+
+def _add_field_docs(schema: dict[str, Any]) -> None:
+    """Each property of each section gets the docstring under its field, as its description."""
+    defs = schema.get("$defs", {})
+    for model in _models(Config):
+        target = schema if model is Config else defs.get(model.__name__)
+        if target is None:
+            continue
+        docs = _field_docs(model)
+        properties = target.get("properties", {})
+        for name, field in model.model_fields.items():
+            key = field.alias or name
+            if name in docs and key in properties and field.description is None:
+                properties[key]["description"] = docs[name]
+
+
+def _models(root: type[BaseModel]) -> list[type[BaseModel]]:
+    """`root` and every model its fields hold, however deep in unions, tuples or mappings."""
+    found: list[type[BaseModel]] = []
+    pending: list[Any] = [root]
+    while pending:
+        kind = pending.pop()
+        if isinstance(kind, type) and issubclass(kind, BaseModel):
+            if kind not in found:
+                found.append(kind)
+                pending.extend(field.annotation for field in kind.model_fields.values())
+        elif isinstance(kind, types.UnionType) or typing.get_origin(kind) is not None:
+            pending.extend(typing.get_args(kind))
+    return found
+
+
+def _field_docs(model: type[BaseModel]) -> dict[str, str]:
+    """The string literal right under each annotated field, inherited ones first."""
+    docs: dict[str, str] = {}
+    for cls in reversed(model.__mro__):
+        if isinstance(cls, type) and issubclass(cls, BaseModel) and cls is not BaseModel:
+            docs.update(_own_field_docs(cls))
+    return docs
+
+
+def _own_field_docs(cls: type) -> dict[str, str]:
+    try:
+        source = textwrap.dedent(inspect.getsource(cls))
+    except (OSError, TypeError):  # no source to read (a frozen or generated class)
+        return {}
+    body = ast.parse(source).body[0]
+    if not isinstance(body, ast.ClassDef):
+        return {}
+    docs: dict[str, str] = {}
+    for statement, following in zip(body.body, body.body[1:], strict=False):
+        if (
+            isinstance(statement, ast.AnnAssign)
+            and isinstance(statement.target, ast.Name)
+            and isinstance(following, ast.Expr)
+            and isinstance(following.value, ast.Constant)
+            and isinstance(following.value.value, str)
+        ):
+            docs[statement.target.id] = inspect.cleandoc(following.value.value)
+    return docs
 
 
 def _accepts_null(node: dict[str, Any]) -> bool:

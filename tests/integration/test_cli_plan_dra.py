@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from sharing_plugin.cli import main
-from sharing_plugin.config import select
+from sharing_plugin.config.loader import select
 from sharing_plugin.nvml.discover import discover
 from sharing_plugin.plan.dra import dra_documents
 from sharing_plugin.plan.node import plan_node

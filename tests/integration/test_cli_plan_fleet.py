@@ -11,7 +11,7 @@ import pytest
 
 from sharing_plugin.backends import backend_from_spec
 from sharing_plugin.cli import main
-from sharing_plugin.config import parse_configs
+from sharing_plugin.config.loader import parse_configs
 from sharing_plugin.nvml.discover import discover
 from sharing_plugin.plan.labels import labels
 from sharing_plugin.plan.node import plan_node

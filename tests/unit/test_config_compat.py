@@ -11,9 +11,14 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sharing_plugin.config import Config, dump_config, parse_config
 from sharing_plugin.config.compat import GO_MAX_DURATION
-from sharing_plugin.config.model import DEFAULT_IGNORED_XIDS, DeviceDiscoveryStrategy, EventType
+from sharing_plugin.config.loader import dump_config, parse_config
+from sharing_plugin.config.model import (
+    DEFAULT_IGNORED_XIDS,
+    Config,
+    DeviceDiscoveryStrategy,
+    EventType,
+)
 from sharing_plugin.config.rules import config_notes
 from sharing_plugin.daemon.health_monitor import HealthEnv
 from sharing_plugin.errors import ConfigError

@@ -12,9 +12,10 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from sharing_plugin.config import Config, parse_config, parse_configs
 from sharing_plugin.config.compat import RefusedNull, without_nulls
+from sharing_plugin.config.loader import parse_config, parse_configs
 from sharing_plugin.config.messages import validation_problems
+from sharing_plugin.config.model import Config
 from sharing_plugin.config.yamldoc import read
 from sharing_plugin.errors import ConfigError
 

@@ -8,7 +8,8 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sharing_plugin.config import Config, dump_config, parse_config
+from sharing_plugin.config.loader import dump_config, parse_config
+from sharing_plugin.config.model import Config
 from sharing_plugin.errors import ConfigError
 
 UUID = st.uuids().map(str)

@@ -7,8 +7,9 @@ from dataclasses import dataclass
 
 import pytest
 
-from sharing_plugin.config import Config, parse_config
+from sharing_plugin.config.loader import parse_config
 from sharing_plugin.config.model import (
+    Config,
     DeviceListStrategy,
     GpuIndexRef,
     MigGiCiRef,

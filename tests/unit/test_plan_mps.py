@@ -9,8 +9,8 @@ import pytest
 import yaml
 from plan_factory import gpu, gpu_uuid, mps, node, time_slicing
 
-from sharing_plugin.config import Config, dump_config, parse_config
-from sharing_plugin.config.model import Flags
+from sharing_plugin.config.loader import dump_config, parse_config
+from sharing_plugin.config.model import Config, Flags
 from sharing_plugin.errors import AllocationError, ConfigError, PlanError
 from sharing_plugin.gpus.inventory import Inventory
 from sharing_plugin.plan import allocate, plan
