@@ -36,7 +36,7 @@ from sharing_plugin.gpus.health_tracker import (
 from sharing_plugin.gpus.inventory import Inventory
 from sharing_plugin.nvml.api import NvmlApi
 from sharing_plugin.nvml.calls import nvml_errors, nvml_session
-from sharing_plugin.nvml.events import NvmlEvent, NvmlEventWatch, describe_kinds
+from sharing_plugin.nvml.events import EVENT_WAIT_MS, NvmlEvent, NvmlEventWatch, describe_kinds
 from sharing_plugin.observability.metrics import Metrics
 
 log = logging.getLogger(__name__)
@@ -173,7 +173,7 @@ class HealthMonitor:
         on_change: OnChange,
         metrics: Metrics | None = None,
         clock: Callable[[], float] | None = None,
-        wait_ms: int = 500,
+        wait_ms: int = EVENT_WAIT_MS,
     ) -> None:
         self._nvml = nvml
         self._settings = settings

@@ -40,6 +40,9 @@ from sharing_plugin.nvml.calls import is_code, nvml_errors, text, to_nvml_error
 
 log = logging.getLogger(__name__)
 
+# How long one nvmlEventSetWait may block: the reference plugin's health check waits 5 s too.
+# Nothing waits for it (see above), so it bounds only how often an idle node wakes this thread.
+EVENT_WAIT_MS = 5000
 _NOT_ATTRIBUTED = 0xFFFFFFFF  # NVML's GPU/compute-instance id when an event has none
 
 _WORDS = {
@@ -94,7 +97,7 @@ class NvmlEventWatch:
         nvml: NvmlApi,
         inventory: Inventory,
         *,
-        wait_ms: int = 500,
+        wait_ms: int = EVENT_WAIT_MS,
         kinds: frozenset[EventKind] = EVERY_EVENT_KIND,
     ) -> None:
         self._nvml = nvml
@@ -281,7 +284,7 @@ async def nvml_events(
     nvml: NvmlApi,
     inventory: Inventory,
     *,
-    wait_ms: int = 500,
+    wait_ms: int = EVENT_WAIT_MS,
     kinds: frozenset[EventKind] = EVERY_EVENT_KIND,
 ) -> AsyncIterator[NvmlEvent]:
     """`NvmlEventWatch` as a plain async generator; closing or cancelling it stops the watch."""
