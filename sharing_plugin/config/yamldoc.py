@@ -5,20 +5,40 @@ point at file:line:col and the loaded dict has no positions. Composing also lets
 config never needs and an attacker loves: aliases (the "billion laughs" expansion), tags that
 construct objects, duplicate keys (YAML says they are an error; PyYAML silently keeps the last),
 and absurd nesting. Only the plain JSON-like types come out.
+
+Where PyYAML has libyaml, its C parser turns the text into events, about nine times faster than
+the pure-Python scanner, and the node graph is still composed here in Python (so aliases and
+nesting are refused exactly as before; libyaml's own composer recurses in C with no depth
+limit). The pure-Python parser stays the reference: text with a character it refuses or one of
+the few where the two disagree (a tab, a "!"), and text libyaml finds anything wrong with, are
+read by it, so what is accepted and every error message and position are its own, whatever
+libyaml would have said.
 """
 
 from __future__ import annotations
 
+import re
+import sys
 from dataclasses import dataclass, field
 from typing import Any
 
 import yaml
+from yaml.composer import Composer
 from yaml.constructor import SafeConstructor
 from yaml.events import AliasEvent
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
+from yaml.reader import Reader
+from yaml.resolver import Resolver
 
 MAX_BYTES = 1024 * 1024  # a ConfigMap cannot hold more than 1 MiB either
 MAX_DEPTH = 64
+# Text the fast path leaves to the reference: characters the reference refuses, and what the
+# two parsers were found to read differently (tests/unit/test_config_yamldoc.py looks for more):
+# tabs (libyaml takes them as separators where the reference refuses them), a bare "!" tag,
+# empty values in flow mappings and after "?" (other positions), "#" right after a block
+# scalar's header (libyaml takes it as a comment).
+_REFERENCE_ONLY = re.compile("[\t!?{]|[|>][-+0-9]*#|" + Reader.NON_PRINTABLE.pattern)
+_LONG_ESCAPE = re.compile(r"\\U([0-9A-Fa-f]{8})")
 
 Path = tuple[str | int, ...]
 
@@ -63,15 +83,49 @@ def _mark(node_or_event: Any) -> Mark:
     return Mark(node_or_event.start_mark.line, node_or_event.start_mark.column)
 
 
-class _NoAliasLoader(yaml.SafeLoader):
+class _RefuseAliases(Composer):
     def compose_node(self, parent: Node | None, index: Any) -> Node | None:
-        if self.check_event(AliasEvent):
-            event = self.peek_event()  # type: ignore[no-untyped-call]
+        if self.check_event(AliasEvent):  # type: ignore[attr-defined]
+            event = self.peek_event()  # type: ignore[attr-defined]
             raise YamlProblem(
                 f"YAML aliases (*{event.anchor}) are not allowed in a config; write the value out",
                 _mark(event),
             )
         return super().compose_node(parent, index)
+
+
+class _NoAliasLoader(_RefuseAliases, yaml.SafeLoader):
+    """The pure-Python reader: the reference for what is accepted and what errors say."""
+
+
+_FastLoader: Any = None
+if yaml.__with_libyaml__:
+    from yaml._yaml import CParser
+
+    class _FastLoader(_RefuseAliases, CParser, SafeConstructor, Resolver):  # type: ignore[no-redef]
+        """libyaml's events, composed by the same Python composer as the reference."""
+
+        def __init__(self, text: str) -> None:
+            CParser.__init__(self, text)
+            Composer.__init__(self)
+            SafeConstructor.__init__(self)
+            Resolver.__init__(self)
+
+
+def _compose(text: str) -> Node | None:
+    if _FastLoader is not None and not _REFERENCE_ONLY.search(text):
+        loader = _FastLoader(text)
+        try:
+            return loader.get_single_node()  # type: ignore[no-any-return]
+        except (yaml.YAMLError, YamlProblem, RecursionError, ValueError, OverflowError):
+            pass  # the reference reads it again and says what is wrong in its own words
+        finally:
+            loader.dispose()
+    slow = _NoAliasLoader(text)
+    try:
+        return slow.get_single_node()
+    finally:
+        slow.dispose()
 
 
 def decode(data: bytes) -> str:
@@ -97,12 +151,10 @@ def read(text: str) -> Document:
     """Compose one YAML document into plain values with marks; an empty document is `{}`."""
     if len(text.encode("utf-8", "surrogatepass")) > MAX_BYTES:
         raise YamlProblem("text is over 1 MiB; a config may be at most 1 MiB")
-    # The loader checks the whole text for unprintable characters as it is built, so building
-    # it is inside the `try` too.
-    loader: _NoAliasLoader | None = None
+    # The reference loader checks the whole text for unprintable characters as it is built,
+    # so building it is inside the `try` too.
     try:
-        loader = _NoAliasLoader(text)
-        root = loader.get_single_node()
+        root = _compose(text)
     except yaml.reader.ReaderError as exc:
         raise YamlProblem(
             f"character U+{exc.character:04X} is not allowed in YAML; delete it or write it "
@@ -119,13 +171,24 @@ def read(text: str) -> Document:
         raise YamlProblem(f"invalid YAML: {exc}") from None
     except RecursionError:
         raise YamlProblem(f"nesting deeper than {MAX_DEPTH} levels") from None
-    finally:
-        if loader is not None:
-            loader.dispose()
+    except (ValueError, OverflowError):
+        # PyYAML's scanner lets chr() fail on a "\U" escape past U+10FFFF instead of saying so.
+        raise _escape_problem(text) from None
     doc = Document(value={})
     if root is not None:
         doc.value = _build(root, (), doc, 0)
     return doc
+
+
+def _escape_problem(text: str) -> YamlProblem:
+    for match in _LONG_ESCAPE.finditer(text):
+        if int(match.group(1), 16) > sys.maxunicode:
+            return YamlProblem(
+                f"invalid YAML: escape \\U{match.group(1)} is past U+10FFFF, the last Unicode "
+                "character",
+                _position_mark(text, match.start()),
+            )
+    return YamlProblem("invalid YAML: an escape names no Unicode character")
 
 
 def _position_mark(text: str, position: int) -> Mark:

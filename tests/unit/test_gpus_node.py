@@ -102,3 +102,17 @@ def test_reading_faults_tolerates_a_half_written_file(tmp_path: Path) -> None:
     node.write_text("gpus: [{product: Tesla T4}]\nfaults:\n  - {gpu: 0, xi")
     assert read_faults(node) is None
     assert read_faults(tmp_path / "absent.yaml") is None
+
+
+def test_an_escape_past_the_last_unicode_character_is_a_problem_not_a_crash(
+    tmp_path: Path,
+) -> None:
+    node = tmp_path / "node.yaml"
+    node.write_text('gpus:\n  - product: "\\U00110000"\nfaults: []\n')
+    with pytest.raises(ConfigError, match="an escape names no Unicode character"):
+        load_node_file(node)
+    assert read_faults(node) is None  # the fault feed keeps what it had
+
+
+def test_a_preset_is_parsed_once() -> None:
+    assert load_preset("t4x4") is load_preset("t4x4")

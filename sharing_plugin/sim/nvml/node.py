@@ -8,6 +8,7 @@ part may change under a running simulator, which is why it is also parsed on its
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -103,12 +104,21 @@ def parse_instance(text: str) -> tuple[str, int | None]:
 
 def preset_names() -> list[str]:
     """The built-in node presets, sorted."""
+    return list(_preset_names())
+
+
+@functools.cache
+def _preset_names() -> tuple[str, ...]:
     root = resources.files(PRESET_PACKAGE)
-    return sorted(p.name.removesuffix(".yaml") for p in root.iterdir() if p.name.endswith(".yaml"))
+    return tuple(
+        sorted(p.name.removesuffix(".yaml") for p in root.iterdir() if p.name.endswith(".yaml"))
+    )
 
 
+@functools.cache
 def load_preset(name: str) -> LoadedNode:
-    """A built-in node; an unknown name is an error that lists the presets."""
+    """A built-in node; an unknown name is an error that lists the presets. Presets are package
+    data and a description is frozen, so each is parsed once per process."""
     if name not in preset_names():
         raise ConfigError(
             [
@@ -157,7 +167,7 @@ def read_faults(path: Path) -> tuple[Fault, ...] | None:
     """
     try:
         data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except (OSError, yaml.YAMLError):
+    except (OSError, yaml.YAMLError, ValueError, OverflowError):
         return None
     if not isinstance(data, dict):
         return None
@@ -172,6 +182,16 @@ def _parse(text: str, *, source: str) -> NodeDescription:
         data: Any = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         raise ConfigError([_yaml_problem(exc, source)]) from None
+    except (ValueError, OverflowError):  # PyYAML's chr() on a "\\U" escape past U+10FFFF
+        raise ConfigError(
+            [
+                Problem(
+                    path="",
+                    message="invalid YAML: an escape names no Unicode character",
+                    file=source,
+                )
+            ]
+        ) from None
     if not isinstance(data, dict):
         raise ConfigError(
             [Problem(path="", message="a node description is a mapping with 'gpus'", file=source)]
