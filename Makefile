@@ -23,8 +23,11 @@ typecheck: $(STAMP)
 	$(BIN)/mypy --strict sharing_plugin
 
 unit: $(STAMP)
-	# Two workers: the suite is mostly waiting on sockets and child processes, and CI has 2 cores.
-	$(BIN)/pytest -n 2
+	# Two workers: CI has 2 cores, and the suite is CPU-bound (a third worker only adds
+	# contention). Bytecode is written even where PYTHONDONTWRITEBYTECODE is set (CI, the image):
+	# each worker collects every test module, and ~100 child processes import the package;
+	# compiling all of it again each time cost about a fifth of the suite's CPU time.
+	PYTHONDONTWRITEBYTECODE= $(BIN)/pytest -n 2
 
 test: lint typecheck unit
 

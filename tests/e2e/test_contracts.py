@@ -3,13 +3,18 @@ admins rely on (output line formats, exit codes, the `plan` JSON shape, the simu
 description format, `run`'s env vars, socket names, `/status`, advertised IDs and Allocate
 answers).
 
-Each check runs `python -m sharing_plugin ...` as a child process, so argument parsing, exit
-codes and the split between stdout and stderr are the ones a user sees.
+Each check runs the command line's `main` with this process's stdin, stdout and stderr swapped
+for buffers, so argument parsing, exit codes and the split between stdout and stderr are the ones
+a user sees; `child()` runs the real `python -m sharing_plugin` where the process itself is the
+point (exit codes through `sys.exit`, the real stdin), and `run` always runs as a child.
 """
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
+import logging
 import re
 import signal
 import subprocess
@@ -22,6 +27,7 @@ import grpc
 import pytest
 from plugin_process import PluginProcess, child_env, free_port, http_get
 
+from sharing_plugin.cli import main
 from sharing_plugin.kubelet.api.deviceplugin.v1beta1 import api_pb2 as dp
 from sharing_plugin.kubelet.api.deviceplugin.v1beta1 import api_pb2_grpc as dp_grpc
 from sharing_plugin.sim.kubelet.simulator import KubeletSimulator
@@ -59,14 +65,36 @@ CLI_TIMEOUT_S = 30
 SOCKET_NAME = re.compile(r"sharing-[a-z0-9.-]+-[0-9a-f]{8}\.sock")
 
 
-def cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+def cli(*args: str) -> subprocess.CompletedProcess[str]:
+    """The command line in this process: what a child would print, and its exit code.
+
+    A command may configure logging (`demo` quiets loggers) as it would in its own process:
+    that configuration is undone afterwards, so no later test runs with it."""
+    out, err = io.StringIO(), io.StringIO()
+    loggers = logging.Logger.manager.loggerDict
+    levels = {name: lg.level for name, lg in loggers.items() if isinstance(lg, logging.Logger)}
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            code = main(list(args))
+    finally:
+        root.handlers[:], root.level = handlers, level
+        for name, logger in list(loggers.items()):
+            if isinstance(logger, logging.Logger):
+                logger.setLevel(levels.get(name, logging.NOTSET))
+    return subprocess.CompletedProcess(list(args), code, out.getvalue(), err.getvalue())
+
+
+def child(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+    """The command line as a child process: `python -m sharing_plugin ARGS`."""
     return subprocess.run(
         [sys.executable, "-m", "sharing_plugin", *args],
+        input=stdin,
         capture_output=True,
         text=True,
         timeout=CLI_TIMEOUT_S,
         check=False,
-        cwd=cwd,
         env=child_env(),
     )
 
@@ -126,15 +154,15 @@ def test_validate_configmap_lines_point_into_the_manifest(tmp_path: Path) -> Non
 def test_validate_warnings_go_to_stderr_and_usage_errors_exit_2(tmp_path: Path) -> None:
     config = tmp_path / "c.yaml"
     config.write_text("version: v1\nflags:\n  gdsEnabled: true\n")
-    done = cli("validate", str(config))
+    done = child("validate", str(config))
     assert done.returncode == 0
     assert not [line for line in done.stdout.splitlines() if line.startswith("warning")]
     warnings = done.stderr.splitlines()
     assert warnings and all(line.startswith("warning: ") for line in warnings)
     assert "flags.gdsEnabled" in done.stderr
 
-    assert cli("validate").returncode == 2
-    missing = cli("validate", str(config), str(tmp_path / "nope.yaml"))
+    assert child("validate").returncode == 2
+    missing = child("validate", str(config), str(tmp_path / "nope.yaml"))
     assert missing.returncode == 2
     assert "nope.yaml" in missing.stderr
 
@@ -167,15 +195,7 @@ def test_validate_dash_reads_a_stream_on_stdin(tmp_path: Path) -> None:
         "  default: |\n"
         "    flags: {migStrategy: mixd}\n"
     )
-    done = subprocess.run(
-        [sys.executable, "-m", "sharing_plugin", "validate", "-"],
-        input=manifest,
-        capture_output=True,
-        text=True,
-        timeout=CLI_TIMEOUT_S,
-        check=False,
-        env=child_env(),
-    )
+    done = child("validate", "-", stdin=manifest)
     assert done.returncode == 1
     assert done.stdout == (
         "<stdin>:10:26: data.default: flags.migStrategy: unknown value 'mixd'; expected "

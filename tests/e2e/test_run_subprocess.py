@@ -1,5 +1,6 @@
 """`sharing-plugin run` as a real process: flags and env vars, kubelet registration, the metrics
-address, a hot reload from a file edit, JSON logs, SIGTERM, and usage errors (exit 2)."""
+address, a hot reload from a file edit, JSON logs, SIGTERM, and usage errors (exit 2; those
+in this process, through the command line's `main`)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from pathlib import Path
 import pytest
 from plugin_process import PluginProcess, free_port, http_get
 
+from sharing_plugin.cli import main
 from sharing_plugin.sim.kubelet.simulator import KubeletSimulator
 
 GPU = "nvidia.com/gpu"
@@ -114,12 +116,19 @@ async def test_run_reads_env_vars_instead_of_flags(
         (["--no-such-flag"], {}, "unrecognized arguments"),
     ],
 )
-async def test_run_usage_error_exits_2(
-    args: list[str], env: dict[str, str], expected: str, short_dir: Path
+def test_run_usage_error_exits_2(
+    args: list[str],
+    env: dict[str, str],
+    expected: str,
+    short_dir: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
+    # In this process (the command line's `main`, env vars set here): these fail before
+    # anything starts; the exit code through a real process is checked by the tests above.
     base = {"KUBELET_DIR": str(short_dir), "GPUS": "simulated:dgx-a100-80gb"}
-    async with PluginProcess(args, {**base, **env}) as plugin:
-        code = await plugin.wait(timeout=START_S)
-    assert code == 2, plugin.stderr()
-    assert expected in plugin.stderr()
+    for name, value in {**base, **env}.items():
+        monkeypatch.setenv(name, value)
+    assert main(["run", *args]) == 2
+    assert expected in capsys.readouterr().err
     assert not (short_dir / "device-plugins").exists()
