@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+import yaml_fast
 
 from sharing_plugin.backends import backend_from_spec
 from sharing_plugin.daemon.app import Daemon
@@ -34,7 +35,7 @@ def node_file(root: Path, description: dict[str, Any]) -> Path:
 
 def append_fault(path: Path, fault: dict[str, Any]) -> None:
     """Append one entry to the node file's `faults`, replacing the file in one rename."""
-    data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    data = yaml_fast.load(path.read_text(encoding="utf-8"))
     data["faults"] = [*(data.get("faults") or []), fault]
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(yaml.safe_dump(data), encoding="utf-8")

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-import yaml
+import yaml_fast
 
 from sharing_plugin.cli import main
 from sharing_plugin.config.loader import select
@@ -22,7 +22,7 @@ EXAMPLE = ROOT / "config" / "examples" / "time-slicing.yaml"
 def test_dra_format_prints_what_run_dra_publishes(capsys: pytest.CaptureFixture[str]) -> None:
     args = ["plan", "--config", str(EXAMPLE), "--gpus", "simulated:t4x4", "--format", "dra"]
     assert main([*args, "--node-name", "gpu-7"]) == 0
-    printed = list(yaml.safe_load_all(capsys.readouterr().out))
+    printed = list(yaml_fast.load_all(capsys.readouterr().out))
     _, loaded = select(load_configs(EXAMPLE), None, None)
     node = plan_node(loaded.config, discover(SimulatedNvml.from_preset("t4x4")))
     assert printed == dra_documents(loaded.config, node, "gpu-7", "gpu.sharing-plugin.io")

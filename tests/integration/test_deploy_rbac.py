@@ -25,6 +25,7 @@ from urllib.parse import unquote
 
 import pytest
 import yaml
+import yaml_fast
 from daemon_harness import Running, eventually, running
 from k8s_fake import ConfigMapVolume
 from kube_api import FakeKubeApi, Permissions, Request
@@ -55,7 +56,7 @@ def render(tmp_path: Path, components: tuple[str, ...]) -> list[dict[str, Any]]:
         docs: list[dict[str, Any]] = []
         for path in sorted(DEPLOY.glob("*.yaml")):
             if path.name != "kustomization.yaml":
-                docs += [d for d in yaml.safe_load_all(path.read_text()) if d is not None]
+                docs += [d for d in yaml_fast.load_all(path.read_text()) if d is not None]
         return docs
     overlay = tmp_path / "overlay"
     overlay.mkdir()
@@ -75,7 +76,7 @@ def render(tmp_path: Path, components: tuple[str, ...]) -> list[dict[str, Any]]:
         ["kubectl", "kustomize", str(overlay)], capture_output=True, text=True, timeout=60
     )
     assert out.returncode == 0, out.stderr
-    return [d for d in yaml.safe_load_all(out.stdout) if d is not None]
+    return [d for d in yaml_fast.load_all(out.stdout) if d is not None]
 
 
 def the(docs: list[dict[str, Any]], kind: str) -> dict[str, Any]:

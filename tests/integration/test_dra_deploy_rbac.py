@@ -8,7 +8,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-import yaml
+import yaml_fast
 from dra_harness import dra_running
 from kube_api import permissions
 
@@ -35,7 +35,7 @@ def granted() -> list[tuple[str, str]]:
         check=True,
     )
     pairs = []
-    for doc in yaml.safe_load_all(out.stdout):
+    for doc in yaml_fast.load_all(out.stdout):
         if doc and doc["kind"] in ("ClusterRole", "Role"):
             for rule in doc["rules"]:
                 pairs += [(v, r) for r in rule["resources"] for v in rule["verbs"]]

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 import yaml
+import yaml_fast
 
 from sharing_plugin.backends import backend_from_spec
 from sharing_plugin.errors import NvmlError
@@ -54,7 +55,7 @@ def _node_file(path: Path) -> Path:
 
 
 def _append_fault(path: Path, fault: dict[str, object]) -> None:
-    data = yaml.safe_load(path.read_text())
+    data = yaml_fast.load(path.read_text())
     data["faults"].append(fault)
     path.write_text(yaml.safe_dump(data))
 

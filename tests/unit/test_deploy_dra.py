@@ -8,7 +8,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 import pytest
-import yaml
+import yaml_fast
 
 from sharing_plugin.backends import backend_from_spec
 from sharing_plugin.cli.dra import DRA_FLAGS
@@ -34,7 +34,7 @@ def rendered() -> list[dict[str, Any]]:
         ["kubectl", "kustomize", str(DRA)], capture_output=True, text=True, timeout=60
     )
     assert out.returncode == 0, out.stderr
-    return [doc for doc in yaml.safe_load_all(out.stdout) if doc is not None]
+    return [doc for doc in yaml_fast.load_all(out.stdout) if doc is not None]
 
 
 def of_kind(docs: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
@@ -80,8 +80,8 @@ def test_one_device_class_per_example_resource_as_run_dra_names_them(
 
 
 def test_the_configmap_is_the_example_one() -> None:
-    ours = yaml.safe_load((DRA / "plugin" / "configmap.yaml").read_text())
-    base = yaml.safe_load((ROOT / "deploy" / "configmap.yaml").read_text())
+    ours = yaml_fast.load((DRA / "plugin" / "configmap.yaml").read_text())
+    base = yaml_fast.load((ROOT / "deploy" / "configmap.yaml").read_text())
     assert ours == base
 
 

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 import yaml
+import yaml_fast
 
 from sharing_plugin.cli.run import RUN_FLAGS, SOURCE_FLAGS
 from sharing_plugin.observability import parse_metrics_address
@@ -33,7 +34,7 @@ def manifests() -> dict[str, list[dict[str, Any]]]:
         if path.name == "kustomization.yaml":
             continue
         with path.open() as f:
-            found[path.name] = [doc for doc in yaml.safe_load_all(f) if doc is not None]
+            found[path.name] = [doc for doc in yaml_fast.load_all(f) if doc is not None]
     return found
 
 
@@ -192,7 +193,7 @@ def test_rbac_grants_exactly_what_the_code_asks_for() -> None:
 
 
 def test_kustomization_lists_every_manifest() -> None:
-    kustomization = yaml.safe_load((DEPLOY / "kustomization.yaml").read_text())
+    kustomization = yaml_fast.load((DEPLOY / "kustomization.yaml").read_text())
     listed = set(kustomization["resources"])
     on_disk = set(manifests())
     assert on_disk <= listed, f"not in kustomization.yaml: {sorted(on_disk - listed)}"
@@ -212,7 +213,7 @@ def kustomize(root: Path) -> list[dict[str, Any]]:
         ["kubectl", "kustomize", str(root)], capture_output=True, text=True, timeout=60
     )
     assert out.returncode == 0, out.stderr
-    return [doc for doc in yaml.safe_load_all(out.stdout) if doc is not None]
+    return [doc for doc in yaml_fast.load_all(out.stdout) if doc is not None]
 
 
 def with_components(tmp_path: Path, *names: str) -> list[dict[str, Any]]:
@@ -285,7 +286,7 @@ def test_the_components_are_the_documented_ones() -> None:
     }
     for name in on_disk:
         assert (
-            yaml.safe_load((COMPONENTS / name / "kustomization.yaml").read_text())["kind"]
+            yaml_fast.load((COMPONENTS / name / "kustomization.yaml").read_text())["kind"]
             == "Component"
         )
     # the base's comment lists every component an admin can pick
@@ -406,7 +407,7 @@ def test_dockerfile_runs_the_daemon_on_the_metrics_port() -> None:
 
 
 def test_device_plugin_daemonset_leaves_dra_nodes_to_run_dra() -> None:
-    daemonset = yaml.safe_load((ROOT / "deploy" / "daemonset.yaml").read_text())
+    daemonset = yaml_fast.load((ROOT / "deploy" / "daemonset.yaml").read_text())
     affinity = daemonset["spec"]["template"]["spec"]["affinity"]["nodeAffinity"]
     terms = affinity["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
     excluded = {"key": "gpu.sharing-plugin.io/dra", "operator": "NotIn", "values": ["true"]}

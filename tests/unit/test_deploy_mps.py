@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 import yaml
+import yaml_fast
 
 from sharing_plugin.cli.mps import MPS_FLAGS
 from sharing_plugin.cli.run import SOURCE_FLAGS
@@ -50,7 +51,7 @@ def rendered(tmp_path: Path, *components: Path) -> dict[str, Any]:
     )
     assert out.returncode == 0, out.stderr
     (daemonset,) = [
-        d for d in yaml.safe_load_all(out.stdout) if d is not None and d["kind"] == "DaemonSet"
+        d for d in yaml_fast.load_all(out.stdout) if d is not None and d["kind"] == "DaemonSet"
     ]
     pod: dict[str, Any] = daemonset["spec"]["template"]["spec"]
     return pod

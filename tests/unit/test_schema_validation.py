@@ -17,7 +17,7 @@ import pytest
 import test_config_compat
 import test_config_reference_nulls
 import test_config_table
-import yaml
+import yaml_fast
 from jsonschema import Draft202012Validator
 
 from sharing_plugin.config.yamldoc import read
@@ -60,7 +60,7 @@ def schema_problems(value: Any) -> list[str]:
 
 
 def _configmap_configs(path: Path) -> Iterator[tuple[str, str]]:
-    for doc in yaml.safe_load_all(path.read_text()):
+    for doc in yaml_fast.load_all(path.read_text()):
         if isinstance(doc, dict) and doc.get("kind") == "ConfigMap":
             for key, text in (doc.get("data") or {}).items():
                 yield f"{path.relative_to(ROOT)}:data.{key}", text
