@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 from plan_factory import T4, config, gpu, gpu_uuid, mig_uuid, mps, node, time_slicing
 
 from sharing_plugin.config.model import SharingKind
 from sharing_plugin.errors import PlanError
 from sharing_plugin.plan import plan
+from sharing_plugin.plan.model import DeviceId, GpuUuid, VirtualDevice, replica_id
+from sharing_plugin.plan.share import _replica
 
 
 def test_replicas_under_the_same_name_with_reference_ids() -> None:
@@ -166,3 +170,24 @@ def test_mps_on_mig_devices_is_an_error() -> None:
     (problem,) = err.value.problems
     assert problem.path == "sharing.mps.resources[0].devices"
     assert "MPS cannot share MIG devices" in problem.message
+
+
+def test_a_replica_copies_every_field_of_its_device() -> None:
+    # _replica spells the fields out for speed; a field it forgot would silently reset.
+    device = VirtualDevice(
+        id=DeviceId("MIG-x"),
+        physical="MIG-x",
+        gpu_uuid=GpuUuid("GPU-y"),
+        index="1:2",
+        numa=3,
+        paths=("/dev/nvidia1",),
+        healthy=False,
+        discovered_healthy=False,
+        replica=None,
+        replicas=1,
+        is_mig=True,
+        compute_capability=(9, 0),
+    )
+    assert len(dataclasses.fields(VirtualDevice)) == 12, "a new field: copy it in _replica"
+    expected = dataclasses.replace(device, id=replica_id("MIG-x", 4), replica=4, replicas=5)
+    assert _replica(device, 4, 5) == expected
