@@ -3,11 +3,12 @@
 An event set queues events for the GPUs registered on it and wakes a waiter at once, like
 ``nvmlEventSetWait``. Faults come from the node file's `faults` list: entries appended while a
 process runs are delivered once. The file is watched (inotify, woken by the kernel only) while any
-event set exists, so an append wakes a waiter within milliseconds, and its size/mtime is also
-checked whenever a waiter starts waiting, which closes the gap before the watcher is ready;
-nothing polls on a timer. Entries appended while no event set existed (the watch is off) are
-caught up when watching starts again: a lost GPU is state and applies, but an Xid or ECC error
-is gone, since NVML queues events only for the event sets registered when they happen.
+event set exists, so an append wakes a waiter within milliseconds; the watch is in place before
+the event set that starts it is returned, so no append after that can be missed, and its
+size/mtime is also checked whenever a waiter starts waiting. Nothing polls on a timer. Entries
+appended while no event set existed (the watch is off) are caught up when watching starts
+again: a lost GPU is state and applies, but an Xid or ECC error is gone, since NVML queues
+events only for the event sets registered when they happen.
 """
 
 from __future__ import annotations
@@ -126,12 +127,21 @@ class FaultFeed:
             if self._users > 1:
                 return
             stop = self._stop = _Stop()
+        # Watching before returning: an append right after the event set exists must wake it
+        # (a waiter may sit in one wait for seconds), not wait for a thread to get going.
+        inotify = Inotify(sync_timeout=0)
+        try:
+            inotify.add_watch(self._path.parent, _CHANGED)
+        except Exception:
+            inotify.close()
+            stop.close()
+            raise
         for fault in self._new_faults():
             if fault.lost is not None:
                 self._deliver(fault)
         threading.Thread(
             target=self._watch,
-            args=(stop,),
+            args=(inotify, stop),
             name=f"simulated-nvml-faults:{self._path.name}",
             daemon=True,
         ).start()
@@ -168,14 +178,13 @@ class FaultFeed:
             return None
         return (st.st_mtime_ns, st.st_size)
 
-    def _watch(self, stop: _Stop) -> None:
+    def _watch(self, inotify: Inotify, stop: _Stop) -> None:
         # The parent directory is watched, not the file: editors and ConfigMap updates replace
         # the file by renaming, which ends a watch held on the old inode. The thread sleeps in
         # select() on the inotify descriptor and the stop pipe: no step, no timer.
         name = self._path.name
         try:
-            with Inotify(sync_timeout=0) as inotify:
-                inotify.add_watch(self._path.parent, _CHANGED)
+            with inotify:
                 while True:
                     ready, _, _ = select.select([inotify.fd, stop.fileno()], [], [])
                     if stop.fileno() in ready:
