@@ -9,6 +9,7 @@ before raising, so an admin sees all of them at once, each with the config path 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import NamedTuple
 
 from sharing_plugin.config.model import (
     MAX_DEVICES_PER_RESOURCE,
@@ -86,10 +87,18 @@ def _mig_device(gpu: Gpu, mig: MigDevice) -> VirtualDevice:
     )
 
 
-def _advertised(
-    config: Config, inventory: Inventory, problems: list[Problem], warnings: list[str]
-) -> BaseDevices:
+class _Advertised(NamedTuple):
+    """Every device under its resource name before sharing, and what is wrong with them."""
+
+    base: BaseDevices
+    problems: list[Problem]
+    warnings: list[str]
+
+
+def _advertised(config: Config, inventory: Inventory) -> _Advertised:
     """Every device under its resource name before sharing, in GPU then MIG index order."""
+    problems: list[Problem] = []
+    warnings: list[str] = []
     strategy = config.flags.mig_strategy
     # A declared MIG layout will create the missing MIG devices; until then it is not an error.
     layout_declared = config.partitioning is not None and bool(config.partitioning.mig)
@@ -120,7 +129,7 @@ def _advertised(
             base.setdefault(name, []).append(_gpu_device(gpu))
     if strategy is MigStrategy.SINGLE:
         problems.extend(_single_strategy_problems(mig_gpus, whole_gpus))
-    return base
+    return _Advertised(base, problems, warnings)
 
 
 def _single_strategy_problems(mig_gpus: list[Gpu], whole_gpus: list[Gpu]) -> list[Problem]:
@@ -177,13 +186,14 @@ def plan(config: Config, inventory: Inventory, *, health: Mapping[str, bool] | N
     when the config disables health checks. Raises `PlanError` with every problem found when
     the config does not fit this node.
     """
-    problems: list[Problem] = []
-    warnings: list[str] = []
-    base = _advertised(config, inventory, problems, warnings)
-    shared = apply_sharing(config, inventory, base)
-    problems.extend(shared.problems)
-    warnings.extend(shared.warnings)
-    problems.extend(_size_problems(shared.resources, shared.sources))
+    advertised = _advertised(config, inventory)
+    shared = apply_sharing(config, inventory, advertised.base)
+    problems = [
+        *advertised.problems,
+        *shared.problems,
+        *_size_problems(shared.resources, shared.sources),
+    ]
+    warnings = [*advertised.warnings, *shared.warnings]
     if problems:
         raise PlanError(problems)
     resources = tuple(sorted(shared.resources, key=lambda r: r.name))

@@ -9,7 +9,7 @@ their original name, unshared.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from sharing_plugin.config.model import (
     Config,
@@ -63,6 +63,15 @@ class Shared:
     mps: tuple[MpsDaemon, ...] = ()  # one control daemon per MPS resource
 
 
+@dataclass(slots=True)
+class _Found:
+    """Devices an entry selects, and the problems and warnings found on the way."""
+
+    devices: list[VirtualDevice]
+    problems: list[Problem] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+
+
 @dataclass(frozen=True, slots=True)
 class _Share:
     target: str
@@ -107,49 +116,50 @@ class _Selector:
         self.inventory = inventory
         self.owner = {d.physical: name for name, devices in base.items() for d in devices}
 
-    def select(
-        self,
-        entry: ReplicatedResource,
-        devices: list[VirtualDevice],
-        path: str,
-        problems: list[Problem],
-        warnings: list[str],
-    ) -> list[VirtualDevice]:
+    def select(self, entry: ReplicatedResource, devices: list[VirtualDevice], path: str) -> _Found:
+        """The devices `entry` selects among `devices`, with what is wrong or worth saying."""
         selection: DeviceSelection = entry.devices
         if selection == "all":
-            if not devices:
-                warnings.append(
+            if devices:
+                return _Found(list(devices))
+            return _Found(
+                [],
+                warnings=[
                     f"{path}.name: this node has no {entry.name} devices, so this entry "
                     "shares nothing here"
-                )
-            return list(devices)
+                ],
+            )
         if isinstance(selection, int):
             if selection > len(devices):
-                problems.append(
-                    Problem(
-                        f"{path}.devices",
-                        f"asks for the first {selection} {entry.name} devices, but this node has "
-                        f"{len(devices)}: lower the count or list the devices",
-                    )
+                return _Found(
+                    [],
+                    problems=[
+                        Problem(
+                            f"{path}.devices",
+                            f"asks for the first {selection} {entry.name} devices, but this "
+                            f"node has {len(devices)}: lower the count or list the devices",
+                        )
+                    ],
                 )
-                return []
-            return list(devices[:selection])
+            return _Found(list(devices[:selection]))
+        found = _Found([])
         chosen: dict[str, VirtualDevice] = {}
         for j, ref in enumerate(selection):
             ref_path = f"{path}.devices[{j}]"
             matched = [d for d in devices if self._matches(ref, d)]
             if not matched:
                 if isinstance(ref, ProductRef):
-                    warnings.append(
+                    found.warnings.append(
                         f"{ref_path}: no {entry.name} device on this node is on a GPU whose "
                         f"product matches {ref.product!r}, so it selects nothing"
                     )
                 else:
-                    problems.append(Problem(ref_path, self._missing(ref, entry.name)))
+                    found.problems.append(Problem(ref_path, self._missing(ref, entry.name)))
             for d in matched:
                 chosen.setdefault(d.physical, d)
         order = {d.physical: i for i, d in enumerate(devices)}
-        return sorted(chosen.values(), key=lambda d: order[d.physical])
+        found.devices.extend(sorted(chosen.values(), key=lambda d: order[d.physical]))
+        return found
 
     def _matches(self, ref: DeviceRef, device: VirtualDevice) -> bool:
         if isinstance(ref, GpuIndexRef):
@@ -227,13 +237,11 @@ class _Selector:
 
 
 def _mps_problems(
-    entry: ReplicatedResource,
-    selected: list[VirtualDevice],
-    inventory: Inventory,
-    path: str,
-    warnings: list[str],
-) -> list[Problem]:
+    entry: ReplicatedResource, selected: list[VirtualDevice], inventory: Inventory, path: str
+) -> _Found:
+    """What is wrong with sharing `selected` by MPS (`devices` stays empty)."""
     problems: list[Problem] = []
+    warnings: list[str] = []
     migs = [d for d in selected if d.is_mig]
     if migs:
         listed = ", ".join(_describe(d) for d in migs[:4]) + (" …" if len(migs) > 4 else "")
@@ -254,7 +262,7 @@ def _mps_problems(
         found, risky = gpu_problems(entry, share_for(entry, gpu), gpu, path)
         problems.extend(found)
         warnings.extend(risky)
-    return problems
+    return _Found([], problems, warnings)
 
 
 def apply_sharing(
@@ -275,9 +283,14 @@ def apply_sharing(
     sources: dict[str, str] = {}
     for i, entry in enumerate(sharing.resources):
         path = f"{section}.resources[{i}]"
-        selected = selector.select(entry, base.get(entry.name, []), path, problems, warnings)
+        found = selector.select(entry, base.get(entry.name, []), path)
         if kind is SharingKind.MPS:
-            problems.extend(_mps_problems(entry, selected, inventory, path, warnings))
+            mps_found = _mps_problems(entry, found.devices, inventory, path)
+            found.problems.extend(mps_found.problems)
+            found.warnings.extend(mps_found.warnings)
+        problems.extend(found.problems)
+        warnings.extend(found.warnings)
+        selected = found.devices
         target = entry.rename or (
             f"{entry.name}.shared" if sharing.rename_by_default else entry.name
         )
