@@ -16,7 +16,6 @@ import contextlib
 import os
 import re
 import shutil
-import subprocess
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,11 +23,11 @@ from typing import Any
 from urllib.parse import unquote
 
 import pytest
-import yaml
 import yaml_fast
 from daemon_harness import Running, eventually, running
 from k8s_fake import ConfigMapVolume
 from kube_api import FakeKubeApi, Permissions, Request
+from kustomize_render import render as kustomize_render
 
 from sharing_plugin.cli import run as run_command
 from sharing_plugin.daemon.options import RunOptions
@@ -58,25 +57,7 @@ def render(tmp_path: Path, components: tuple[str, ...]) -> list[dict[str, Any]]:
             if path.name != "kustomization.yaml":
                 docs += [d for d in yaml_fast.load_all(path.read_text()) if d is not None]
         return docs
-    overlay = tmp_path / "overlay"
-    overlay.mkdir()
-    (overlay / "kustomization.yaml").write_text(
-        yaml.safe_dump(
-            {
-                "apiVersion": "kustomize.config.k8s.io/v1beta1",
-                "kind": "Kustomization",
-                "resources": [os.path.relpath(DEPLOY, overlay)],
-                "components": [
-                    os.path.relpath(DEPLOY / "components" / name, overlay) for name in components
-                ],
-            }
-        )
-    )
-    out = subprocess.run(
-        ["kubectl", "kustomize", str(overlay)], capture_output=True, text=True, timeout=60
-    )
-    assert out.returncode == 0, out.stderr
-    return [d for d in yaml_fast.load_all(out.stdout) if d is not None]
+    return kustomize_render(DEPLOY, components)
 
 
 def the(docs: list[dict[str, Any]], kind: str) -> dict[str, Any]:

@@ -4,13 +4,12 @@ republish on reload, prepare a claim, unprepare."""
 from __future__ import annotations
 
 import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
-import yaml_fast
 from dra_harness import dra_running
 from kube_api import permissions
+from kustomize_render import render
 
 ROOT = Path(__file__).resolve().parents[2]
 SHARED = """\
@@ -27,16 +26,9 @@ pytestmark = pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl
 
 
 def granted() -> list[tuple[str, str]]:
-    out = subprocess.run(
-        ["kubectl", "kustomize", str(ROOT / "deploy" / "dra")],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=True,
-    )
     pairs = []
-    for doc in yaml_fast.load_all(out.stdout):
-        if doc and doc["kind"] in ("ClusterRole", "Role"):
+    for doc in render(ROOT / "deploy" / "dra"):
+        if doc["kind"] in ("ClusterRole", "Role"):
             for rule in doc["rules"]:
                 pairs += [(v, r) for r in rule["resources"] for v in rule["verbs"]]
     return pairs

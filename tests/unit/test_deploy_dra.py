@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import shutil
-import subprocess
 from pathlib import Path, PurePosixPath
 from typing import Any
 
 import pytest
 import yaml_fast
+from kustomize_render import render
 
 from sharing_plugin.backends import backend_from_spec
 from sharing_plugin.cli.dra import DRA_FLAGS
@@ -30,11 +30,7 @@ pytestmark = pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl
 
 @pytest.fixture(scope="module")
 def rendered() -> list[dict[str, Any]]:
-    out = subprocess.run(
-        ["kubectl", "kustomize", str(DRA)], capture_output=True, text=True, timeout=60
-    )
-    assert out.returncode == 0, out.stderr
-    return [doc for doc in yaml_fast.load_all(out.stdout) if doc is not None]
+    return render(DRA)
 
 
 def of_kind(docs: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:

@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import subprocess
 import tomllib
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -13,6 +11,7 @@ from typing import Any
 import pytest
 import yaml
 import yaml_fast
+from kustomize_render import render
 
 from sharing_plugin.cli.run import RUN_FLAGS, SOURCE_FLAGS
 from sharing_plugin.observability import parse_metrics_address
@@ -209,33 +208,12 @@ COMPONENTS = DEPLOY / "components"
 
 
 def kustomize(root: Path) -> list[dict[str, Any]]:
-    out = subprocess.run(
-        ["kubectl", "kustomize", str(root)], capture_output=True, text=True, timeout=60
-    )
-    assert out.returncode == 0, out.stderr
-    return [doc for doc in yaml_fast.load_all(out.stdout) if doc is not None]
+    return render(root)
 
 
 def with_components(tmp_path: Path, *names: str) -> list[dict[str, Any]]:
-    """The base rendered through an overlay that uses `names` from deploy/components/, the way
-    an admin's overlay does: outside deploy/ (kustomize refuses an overlay inside its base)."""
-    overlay = tmp_path / "overlay"
-    overlay.mkdir()
-
-    def rel(path: Path) -> str:
-        return os.path.relpath(path, overlay)
-
-    (overlay / "kustomization.yaml").write_text(
-        yaml.safe_dump(
-            {
-                "apiVersion": "kustomize.config.k8s.io/v1beta1",
-                "kind": "Kustomization",
-                "resources": [rel(DEPLOY)],
-                "components": [rel(COMPONENTS / name) for name in names],
-            }
-        )
-    )
-    return kustomize(overlay)
+    """The base rendered through an overlay that uses `names` from deploy/components/."""
+    return render(DEPLOY, names)
 
 
 def rendered_pod(docs: list[dict[str, Any]]) -> dict[str, Any]:

@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-import os
 import shutil
-import subprocess
 from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
-import yaml_fast
+from kustomize_render import render
 
 from sharing_plugin.cli.mps import MPS_FLAGS
 from sharing_plugin.cli.run import SOURCE_FLAGS
@@ -30,29 +27,7 @@ pytestmark = pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl
 
 def rendered(tmp_path: Path, *components: Path) -> dict[str, Any]:
     """The DaemonSet's pod spec, through an overlay outside deploy/ as an admin writes it."""
-    overlay = tmp_path / "overlay"
-    overlay.mkdir()
-    (overlay / "kustomization.yaml").write_text(
-        yaml.safe_dump(
-            {
-                "apiVersion": "kustomize.config.k8s.io/v1beta1",
-                "kind": "Kustomization",
-                "resources": [os.path.relpath(DEPLOY, overlay)],
-                "components": [os.path.relpath(c, overlay) for c in components],
-            }
-        )
-    )
-    out = subprocess.run(
-        ["kubectl", "kustomize", str(overlay)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    assert out.returncode == 0, out.stderr
-    (daemonset,) = [
-        d for d in yaml_fast.load_all(out.stdout) if d is not None and d["kind"] == "DaemonSet"
-    ]
+    (daemonset,) = [d for d in render(DEPLOY, components) if d["kind"] == "DaemonSet"]
     pod: dict[str, Any] = daemonset["spec"]["template"]["spec"]
     return pod
 
