@@ -72,6 +72,7 @@ def config_feed(
             label_value=label_value,
             # A ConfigMap swap is four renames within a millisecond; 20 ms of quiet is one batch.
             debounce_ms=20,
+            error_settle_ms=round(options.config_error_settle_s * 1000),
         )
         if options.config_path is not None or options.config_map is None or client is None
         else None

@@ -26,6 +26,9 @@ class RunOptions:
     metrics_address: tuple[str, int] | None = None
     config_label: str = DEFAULT_CONFIG_LABEL
     drain_recheck_s: float = 2.0  # how often PodResources is asked while devices drain
+    # A config file that does not validate is reported once it has stayed so this long: an
+    # editor may be half-way through saving it.
+    config_error_settle_s: float = 0.1
     rediscover_s: float = 5.0  # first look again for GPUs when NVML did not start (doubling)
     # The reference's DP_*_HEALTHCHECKS variables, parsed once by the entry point.
     health_env: HealthEnv = field(default_factory=HealthEnv)
