@@ -23,10 +23,12 @@ typecheck: $(STAMP)
 	$(BIN)/mypy --strict sharing_plugin
 
 unit: $(STAMP)
-	# Two workers: CI has 2 cores, and the suite is CPU-bound (a third worker only adds
-	# contention). Bytecode is written even where PYTHONDONTWRITEBYTECODE is set (CI, the image):
-	# each worker collects every test module, and ~100 child processes import the package;
-	# compiling all of it again each time cost about a fifth of the suite's CPU time.
+	# Two workers, as CI has 2 cores. A third fills some of the time tests wait on timers and
+	# child processes (~10 % less wall time here) but adds CPU contention that the tests
+	# bounded in time ("within a second") would have to absorb. Bytecode is written even where
+	# PYTHONDONTWRITEBYTECODE is set (CI, the image): each worker collects every test module, and
+	# ~100 child processes import the package; compiling all of it again each time cost about a
+	# fifth of the suite's CPU time.
 	PYTHONDONTWRITEBYTECODE= $(BIN)/pytest -n 2
 
 test: lint typecheck unit
