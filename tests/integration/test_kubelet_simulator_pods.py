@@ -46,6 +46,9 @@ async def test_admission_asks_for_a_preference_then_allocates_per_container_and_
         pod = await kubelet.admit_pod(
             "train", containers={"main": {GPU: 2, NIC: 1}, "side": {GPU: 1}}
         )
+        # Node allocatable counts healthy devices, held or not. Asked while the plugin still
+        # runs: once it stops, its stream's end marks every device Unhealthy.
+        assert kubelet.allocatable(GPU) == 4
 
     assert pod.containers == {"main": {GPU: ("d", "a"), NIC: ("n0",)}, "side": {GPU: ("b",)}}
     # One GetPreferredAllocation per container and resource, with every free healthy device.
@@ -60,7 +63,6 @@ async def test_admission_asks_for_a_preference_then_allocates_per_container_and_
     assert gpus.names().count("Allocate") == 2
     assert nics.names() == ["GetDevicePluginOptions", "ListAndWatch", "Allocate"]
     assert pod.get("main", GPU).response.envs["VISIBLE"] == "d,a"
-    assert kubelet.allocatable(GPU) == 4  # node allocatable counts healthy devices, held or not
 
 
 async def test_a_preference_is_followed_when_it_is_valid(kubelet: KubeletSimulator) -> None:
