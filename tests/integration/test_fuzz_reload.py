@@ -164,8 +164,12 @@ async def _fuzz(run: Running) -> None:
         # Hypothesis runs in a worker thread; the daemon, its watch and kubelet stay on the loop.
         return asyncio.run_coroutine_threadsafe(coro, loop).result(UPDATE_TIMEOUT_S * 3)
 
+    def messages() -> dict[str, int]:
+        return {r: run.kubelet.messages(r) for r in run.kubelet.resources()}
+
     async def check_broken(data: bytes) -> None:
         generation = status.to_json()["config"]["generation"]
+        sent = messages()
         await edit(data)
         error = status.to_json()["lastError"]
         if error is None:  # the mutation happened to be a valid config: it was applied
@@ -175,12 +179,15 @@ async def _fuzz(run: Running) -> None:
             _assert_precise(error, run.config)
             assert daemon.supervisor.advertised is serving["plan"]
             assert status.to_json()["config"]["generation"] == generation
-            await asyncio.sleep(0.05)  # a wrongly pushed list would have reached kubelet
-            assert {r: run.kubelet.devices(r) for r in run.kubelet.resources()} == good_devices
         await edit(GOOD)
         assert status.to_json()["lastError"] is None
         await run.settled()
         assert {r: run.kubelet.devices(r) for r in run.kubelet.resources()} == good_devices
+        if error is not None:
+            # Rejected, then the same good config again: kubelet was sent nothing at all. A list
+            # pushed for the broken edit would have needed another to put the good one back,
+            # and settled() waited for the kubelet to hold the daemon's list, so it would show.
+            assert messages() == sent
         serving["plan"] = daemon.supervisor.advertised
 
     @settings(
