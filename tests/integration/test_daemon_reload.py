@@ -77,8 +77,11 @@ async def test_unchanged_resource_gets_no_message(short_dir: Path) -> None:
         await run.daemon.next_update()
         run.daemon.request_reload()
         await run.daemon.next_update()
-        await asyncio.sleep(0.1)
-        assert run.kubelet.messages(GPU) == messages
+        # A real change now: its list arrives after anything the reloads above sent (one stream,
+        # in order), so exactly one more message means they sent none.
+        run.write(sliced(3))
+        await _wait_capacity(run, {GPU: 8 * 3})
+        assert run.kubelet.messages(GPU) == messages + 1
 
 
 async def test_mig_strategy_change_moves_devices_between_resources(short_dir: Path) -> None:
