@@ -144,7 +144,10 @@ async def test_recovery_after_the_quiet_period(caplog: pytest.LogCaptureFixture)
         await reports.next()
         lost_at = loop.time()
         assert reports.last_unhealthy == {inventory.gpus[0].uuid}
-        await asyncio.sleep(0.3)  # failed checks meanwhile: still Unhealthy
+        # Checks that fail while it is still lost (two of them) leave it Unhealthy.
+        async with asyncio.timeout(2):
+            while sum("still Unhealthy" in r.getMessage() for r in caplog.records) < 2:  # noqa: ASYNC110
+                await asyncio.sleep(0.01)
         assert reports.last_unhealthy == {inventory.gpus[0].uuid}
         sim.set_lost(0, False)
         answered_at = loop.time()
