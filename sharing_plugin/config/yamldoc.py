@@ -9,10 +9,10 @@ and absurd nesting. Only the plain JSON-like types come out.
 Where PyYAML has libyaml, its C parser turns the text into events, about nine times faster than
 the pure-Python scanner, and the node graph is still composed here in Python (so aliases and
 nesting are refused exactly as before; libyaml's own composer recurses in C with no depth
-limit). The pure-Python parser stays the reference: text with a character it refuses or one of
-the few where the two disagree (a tab, a "!"), and text libyaml finds anything wrong with, are
-read by it, so what is accepted and every error message and position are its own, whatever
-libyaml would have said.
+limit). The pure-Python parser stays the reference: text with a character it refuses or with
+one of the few constructs the two read differently (see `_REFERENCE_ONLY`), and text libyaml
+finds anything wrong with, are read by it, so what is accepted and every error message and
+position are its own, whatever libyaml would have said.
 """
 
 from __future__ import annotations
@@ -114,13 +114,15 @@ if yaml.__with_libyaml__:
 
 def _compose(text: str) -> Node | None:
     if _FastLoader is not None and not _REFERENCE_ONLY.search(text):
-        loader = _FastLoader(text)
+        loader = None
         try:
+            loader = _FastLoader(text)
             return loader.get_single_node()  # type: ignore[no-any-return]
         except (yaml.YAMLError, YamlProblem, RecursionError, ValueError, OverflowError):
             pass  # the reference reads it again and says what is wrong in its own words
         finally:
-            loader.dispose()
+            if loader is not None:
+                loader.dispose()
     slow = _NoAliasLoader(text)
     try:
         return slow.get_single_node()
