@@ -15,7 +15,7 @@ loader, once for every section rather than field by field:
 A field's description is the docstring written under it in the model. Pydantic can read those
 itself (`use_attribute_docstrings`), but only by parsing every model's source when the class is
 built, which is most of the cost of importing the model; they are read here instead, when a
-schema is asked for, and only validation pays nothing for them.
+schema is asked for, so loading and validating a config pays nothing for them.
 """
 
 from __future__ import annotations
