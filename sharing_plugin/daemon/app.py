@@ -25,7 +25,7 @@ from sharing_plugin import installed_version
 from sharing_plugin.config.loader import LoadedConfig
 from sharing_plugin.config.model import Config
 from sharing_plugin.daemon.health_monitor import HealthMonitor
-from sharing_plugin.daemon.kube import ConfigFeed, api_client, config_feed, needs_api
+from sharing_plugin.daemon.kube import ConfigFedService, api_client, config_feed, needs_api
 from sharing_plugin.daemon.labels import LabelPublisher
 from sharing_plugin.daemon.layouts import MigLayouts
 from sharing_plugin.daemon.mig import MigReconciler
@@ -33,7 +33,7 @@ from sharing_plugin.daemon.mps_gate import MpsGate
 from sharing_plugin.daemon.options import RunOptions
 from sharing_plugin.daemon.report import NodeReport
 from sharing_plugin.daemon.supervisor import Supervisor
-from sharing_plugin.daemon.tasks import Service, TaskOwner
+from sharing_plugin.daemon.tasks import TaskOwner
 from sharing_plugin.errors import (
     ConfigError,
     NvmlError,
@@ -71,7 +71,7 @@ _FOLLOW_BACKOFF_S = (0.2, 10.0)
 _CLEAR_TIMEOUT_S = 1.0
 
 
-class Daemon(Service):
+class Daemon(ConfigFedService):
     """One running plugin; an async context manager that starts in order and stops cleanly."""
 
     def __init__(
@@ -83,12 +83,12 @@ class Daemon(Service):
     ) -> None:
         """`nvml` is the NVML the entry chose for `options.gpus` (the real module or the
         simulator); `kube_client` replaces the credentials found in the environment."""
+        super().__init__()
         self.options = options
         self._kube_client = kube_client
         self.metrics = Metrics(version=installed_version())
         self.status = StatusBoard()
         self.nvml = nvml
-        self._stop = asyncio.Event()
         self._tasks = TaskOwner("daemon")
         self._label_value: str | None = None
         self._loaded: LoadedConfig | None = None
@@ -104,7 +104,6 @@ class Daemon(Service):
         self.report = NodeReport(None)
         self._labels = LabelPublisher(file=None, reporter=None)
         self._own_client: AsyncClient | None = None  # made here, so closed here
-        self.source: ConfigFeed | None = None  # chosen at start, once the API client is known
         self._api_trouble: str | None = None
         self.pod_resources = PodResourcesClient(options.kubelet_dir)
         self.supervisor = Supervisor(
@@ -214,18 +213,6 @@ class Daemon(Service):
             self.status.set_error(text)
         elif previous is not None and self.status.last_error == previous:
             self.status.set_error(None)
-
-    def request_stop(self) -> None:
-        """Begin a graceful stop (what SIGTERM and SIGINT do)."""
-        self._stop.set()
-
-    def request_reload(self) -> None:
-        """Re-read the config now (what SIGHUP does)."""
-        if self.source is not None:
-            self.source.trigger("SIGHUP")
-
-    async def wait_stopped(self) -> None:
-        await self._stop.wait()
 
     async def close(self) -> None:
         if self.source is not None:

@@ -33,9 +33,9 @@ from sharing_plugin.config.loader import LoadedConfig
 from sharing_plugin.config.model import Config
 from sharing_plugin.daemon.dra_pool import PoolKeeper
 from sharing_plugin.daemon.health_monitor import HealthMonitor
-from sharing_plugin.daemon.kube import ConfigFeed, api_client, config_feed
+from sharing_plugin.daemon.kube import ConfigFedService, api_client, config_feed
 from sharing_plugin.daemon.options import RunOptions
-from sharing_plugin.daemon.tasks import Service, TaskOwner
+from sharing_plugin.daemon.tasks import TaskOwner
 from sharing_plugin.dra.cdi import CdiSpecDir
 from sharing_plugin.dra.checkpoint import CHECKPOINT_FILE, Checkpoint
 from sharing_plugin.dra.claims import ApiClaimReader
@@ -76,12 +76,13 @@ class DraOptions:
     publish_backoff_s: tuple[float, float] = (0.2, 10.0)
 
 
-class DraDaemon(Service):
+class DraDaemon(ConfigFedService):
     """One running DRA kubelet plugin; an async context manager that starts in order."""
 
     def __init__(
         self, options: DraOptions, *, nvml: NvmlApi, kube_client: AsyncClient | None = None
     ) -> None:
+        super().__init__()
         self.options = options
         self.nvml = nvml
         self.metrics = Metrics()
@@ -89,7 +90,6 @@ class DraDaemon(Service):
         self._kube_client = kube_client
         self._own_client: AsyncClient | None = None
         self._tasks = TaskOwner("dra")
-        self._stop = asyncio.Event()
         self._reload_lock = asyncio.Lock()
         self._label_value: str | None = None
         self._loaded: LoadedConfig | None = None
@@ -100,7 +100,6 @@ class DraDaemon(Service):
         self._health: dict[str, bool] = {}
         self._health_monitor: HealthMonitor | None = None
         self._metrics_server: MetricsServer | None = None
-        self.source: ConfigFeed | None = None
         self.preparer: ClaimPreparer | None = None
         self.keeper: PoolKeeper | None = None
         self.server: DraPluginServer | None = None
@@ -175,16 +174,6 @@ class DraDaemon(Service):
             self._label_value = value
             if self.source is not None:
                 self.source.trigger("label changed")
-
-    def request_stop(self) -> None:
-        self._stop.set()
-
-    def request_reload(self) -> None:
-        if self.source is not None:
-            self.source.trigger("SIGHUP")
-
-    async def wait_stopped(self) -> None:
-        await self._stop.wait()
 
     async def close(self) -> None:
         if self.source is not None:

@@ -8,11 +8,13 @@ through the API (`--config-map`, with `--config` as its fallback), or neither (t
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
 from sharing_plugin.daemon.options import RunOptions
+from sharing_plugin.daemon.tasks import Service
 from sharing_plugin.errors import Problem
 from sharing_plugin.sources.filewatch import ConfigSource, ConfigUpdate
 
@@ -36,6 +38,27 @@ class ConfigFeed(Protocol):
     def stop(self) -> None: ...
 
     def place(self, problem: Problem, config_name: str | None) -> str: ...
+
+
+class ConfigFedService(Service):
+    """A service that follows a config feed until asked to stop: SIGTERM and SIGINT stop it,
+    SIGHUP re-reads the config (`run`, `run-dra` and `mps-control` alike)."""
+
+    def __init__(self) -> None:
+        self.source: ConfigFeed | None = None  # chosen at start, once the API client is known
+        self._stop = asyncio.Event()
+
+    def request_stop(self) -> None:
+        """Begin a graceful stop (what SIGTERM and SIGINT do)."""
+        self._stop.set()
+
+    def request_reload(self) -> None:
+        """Re-read the config now (what SIGHUP does)."""
+        if self.source is not None:
+            self.source.trigger("SIGHUP")
+
+    async def wait_stopped(self) -> None:
+        await self._stop.wait()
 
 
 def needs_api(options: RunOptions) -> bool:

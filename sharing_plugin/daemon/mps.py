@@ -25,10 +25,10 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from sharing_plugin.config.model import Config
-from sharing_plugin.daemon.kube import ConfigFeed, api_client, config_feed, needs_api
+from sharing_plugin.daemon.kube import ConfigFedService, api_client, config_feed, needs_api
 from sharing_plugin.daemon.mps_keeper import DaemonKeeper, KeeperTiming
 from sharing_plugin.daemon.options import RunOptions
-from sharing_plugin.daemon.tasks import Service, TaskOwner
+from sharing_plugin.daemon.tasks import TaskOwner
 from sharing_plugin.errors import NvmlError, PlanError, SharingPluginError
 from sharing_plugin.gpus.inventory import Inventory
 from sharing_plugin.kubelet.podresources import PodResourcesClient
@@ -64,7 +64,7 @@ class _Kept:
     task: asyncio.Task[Any]
 
 
-class MpsController(Service):
+class MpsController(ConfigFedService):
     """The `mps-control` process: config in, one supervised control daemon per MPS resource."""
 
     def __init__(
@@ -75,6 +75,7 @@ class MpsController(Service):
         control: MpsControl,
         kube_client: AsyncClient | None = None,
     ) -> None:
+        super().__init__()
         self.options = options
         self.nvml = nvml
         self.control = control
@@ -87,8 +88,6 @@ class MpsController(Service):
         self._label_value: str | None = None
         self._lock = asyncio.Lock()
         self._recheck: asyncio.Task[Any] | None = None
-        self._stop = asyncio.Event()
-        self.source: ConfigFeed | None = None
         self.pod_resources = PodResourcesClient(options.source.kubelet_dir)
         self._update_waiters: list[asyncio.Future[None]] = []
 
@@ -114,16 +113,6 @@ class MpsController(Service):
         )
         await self._on_update(await self.source.start())
         self._tasks.spawn(self._follow_config(), name="config", eternal=True)
-
-    def request_stop(self) -> None:
-        self._stop.set()
-
-    def request_reload(self) -> None:
-        if self.source is not None:
-            self.source.trigger("SIGHUP")
-
-    async def wait_stopped(self) -> None:
-        await self._stop.wait()
 
     async def close(self) -> None:
         """Stop supervising; the daemons keep running for the next `mps-control` to adopt."""
