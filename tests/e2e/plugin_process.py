@@ -19,26 +19,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from types import TracebackType
 
-# Every variable `run` reads, so the parent's environment cannot leak into a test.
-RUN_ENV_VARS = (
-    "CONFIG_FILE",
-    "CONFIG_NAME",
-    "GPUS",
-    "KUBELET_DIR",
-    "NODE_NAME",
-    "METRICS_ADDRESS",
-    "LOG_FORMAT",
-    "LOG_LEVEL",
-    "CONFIG_LABEL",
-    "CONFIG_MAP",
-    "NODE_STATUS",
-    "CLEAR_LABELS_ON_EXIT",
-    "LABELS_FILE",
-    "NODE_LABELS",
-    "KUBECONFIG",
-    "DP_DISABLE_HEALTHCHECKS",
-    "DP_ENABLE_HEALTHCHECKS",
-)
+from cli_capture import RUN_ENV_VARS
 
 
 def child_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:

@@ -11,10 +11,7 @@ point (exit codes through `sys.exit`, the real stdin), and `run` always runs as 
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
-import logging
 import re
 import signal
 import subprocess
@@ -25,9 +22,9 @@ from typing import Any
 
 import grpc
 import pytest
+from cli_capture import cli
 from plugin_process import PluginProcess, child_env, free_port, http_get
 
-from sharing_plugin.cli import main
 from sharing_plugin.kubelet.api.deviceplugin.v1beta1 import api_pb2 as dp
 from sharing_plugin.kubelet.api.deviceplugin.v1beta1 import api_pb2_grpc as dp_grpc
 from sharing_plugin.sim.kubelet.simulator import KubeletSimulator
@@ -63,27 +60,6 @@ sharing:
 """
 CLI_TIMEOUT_S = 30
 SOCKET_NAME = re.compile(r"sharing-[a-z0-9.-]+-[0-9a-f]{8}\.sock")
-
-
-def cli(*args: str) -> subprocess.CompletedProcess[str]:
-    """The command line in this process: what a child would print, and its exit code.
-
-    A command may configure logging (`demo` quiets loggers) as it would in its own process:
-    that configuration is undone afterwards, so no later test runs with it."""
-    out, err = io.StringIO(), io.StringIO()
-    loggers = logging.Logger.manager.loggerDict
-    levels = {name: lg.level for name, lg in loggers.items() if isinstance(lg, logging.Logger)}
-    root = logging.getLogger()
-    handlers, level = root.handlers[:], root.level
-    try:
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            code = main(list(args))
-    finally:
-        root.handlers[:], root.level = handlers, level
-        for name, logger in list(loggers.items()):
-            if isinstance(logger, logging.Logger):
-                logger.setLevel(levels.get(name, logging.NOTSET))
-    return subprocess.CompletedProcess(list(args), code, out.getvalue(), err.getvalue())
 
 
 def child(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
@@ -154,14 +130,15 @@ def test_validate_configmap_lines_point_into_the_manifest(tmp_path: Path) -> Non
 def test_validate_warnings_go_to_stderr_and_usage_errors_exit_2(tmp_path: Path) -> None:
     config = tmp_path / "c.yaml"
     config.write_text("version: v1\nflags:\n  gdsEnabled: true\n")
-    done = child("validate", str(config))
+    done = cli("validate", str(config))
     assert done.returncode == 0
     assert not [line for line in done.stdout.splitlines() if line.startswith("warning")]
     warnings = done.stderr.splitlines()
     assert warnings and all(line.startswith("warning: ") for line in warnings)
     assert "flags.gdsEnabled" in done.stderr
 
-    assert child("validate").returncode == 2
+    assert cli("validate").returncode == 2
+    # The exit code as a process reports it, through `sys.exit`.
     missing = child("validate", str(config), str(tmp_path / "nope.yaml"))
     assert missing.returncode == 2
     assert "nope.yaml" in missing.stderr

@@ -1,6 +1,7 @@
-"""`sharing-plugin run` as a real process: flags and env vars, kubelet registration, the metrics
-address, a hot reload from a file edit, JSON logs, SIGTERM, and usage errors (exit 2; those
-in this process, through the command line's `main`)."""
+"""`sharing-plugin run` as a real process: flags, kubelet registration, the metrics address, a
+hot reload from a file edit, JSON logs, SIGTERM, and usage errors (exit 2; those in this
+process, through the command line's `main`). `run` configured by env vars alone is in
+test_contracts.py; `METRICS_ADDRESS=off` and SIGINT in test_cli_conventions.py."""
 
 from __future__ import annotations
 
@@ -84,26 +85,6 @@ async def test_run_registers_serves_reloads_and_stops(
     assert entries, "no log lines"
     assert all({"ts", "level", "logger", "msg"} <= entry.keys() for entry in entries)
     assert any("generation 2" in entry["msg"] for entry in entries)
-
-
-async def test_run_reads_env_vars_instead_of_flags(
-    kubelet: KubeletSimulator, short_dir: Path
-) -> None:
-    config = short_dir / "config.yaml"
-    write_config(config, 3)
-    env = {
-        "CONFIG_FILE": str(config),
-        "GPUS": "simulated:dgx-a100-80gb",
-        "KUBELET_DIR": str(short_dir),
-        "METRICS_ADDRESS": "off",
-        "LOG_FORMAT": "json",
-    }
-    async with PluginProcess([], env) as plugin:
-        await kubelet.wait_for(lambda: kubelet.allocatable(GPU) == 3 * GPUS, timeout=START_S)
-        assert await plugin.stop(signal.SIGINT, timeout=2.0) == 0
-    assert own_sockets(kubelet) == []
-    messages = [json.loads(line)["msg"] for line in plugin.stderr_lines]
-    assert not any("listening" in m for m in messages), "METRICS_ADDRESS=off still listened"
 
 
 @pytest.mark.parametrize(

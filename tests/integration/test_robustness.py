@@ -12,11 +12,10 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from cli_capture import cli
 from daemon_harness import Running, eventually, running
 from k8s_fake import ConfigMapVolume
 
@@ -201,18 +200,8 @@ def test_broken_kubeconfig_is_one_line(short_dir: Path, content: bytes, expected
 def test_run_with_a_broken_node_description_exits_1_with_one_line(short_dir: Path) -> None:
     node = short_dir / "node.yaml"
     node.write_bytes(b"\xff\xfe")
-    env = {k: v for k, v in os.environ.items() if k not in ("KUBECONFIG", "NODE_NAME")}
-    done = subprocess.run(
-        [
-            *(sys.executable, "-m", "sharing_plugin", "run", "--gpus", f"simulated:{node}"),
-            *("--kubelet-dir", str(short_dir / "k"), "--metrics-address", "off"),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=30,
-        env=env,
-        check=False,
-    )
+    args = ["--gpus", f"simulated:{node}", "--kubelet-dir", str(short_dir / "k")]
+    done = cli("run", *args, "--metrics-address", "off")
     assert done.returncode == 1, done.stderr
     [line] = [ln for ln in done.stderr.splitlines() if ln.strip()]
     assert line.endswith(

@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import io
 import json
-import shutil
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from kustomize_render import HAS_KUBECTL, render_text
 
 from sharing_plugin.cli import main
 from sharing_plugin.sources.files import load_configs
@@ -116,16 +115,10 @@ def test_schema_prints_the_committed_file(capsys: pytest.CaptureFixture[str]) ->
     assert "renameByDefault" in sharing and sharing["renameByDefault"]["description"]
 
 
-def test_validate_as_a_subprocess() -> None:
-    done = subprocess.run(
-        [sys.executable, "-m", "sharing_plugin", "validate", *map(str, EXAMPLES)],
-        capture_output=True,
-        text=True,
-        timeout=30,
-        check=False,
-    )
-    assert done.returncode == 0, done.stdout + done.stderr
-    assert done.stdout.count(": ok") == len(EXAMPLES)
+def test_several_files_in_one_call(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["validate", *map(str, EXAMPLES)]) == 0
+    out, _ = capsys.readouterr()
+    assert [line.split(": ok", 1)[0] for line in out.splitlines()] == list(map(str, EXAMPLES))
 
 
 # -- stdin and multi-document streams (issue 15) --------------------------------------------
@@ -283,23 +276,14 @@ def test_yaml_error_in_a_later_document_is_at_its_stream_line(
     )
 
 
-def test_kustomize_output_on_stdin_validates() -> None:
-    kubectl = shutil.which("kubectl")
-    if kubectl is None:
-        pytest.skip("kubectl is not installed")
-    rendered = subprocess.run(
-        [kubectl, "kustomize", str(ROOT / "deploy")],
-        capture_output=True,
-        timeout=60,
-        check=True,
-    ).stdout
-    assert rendered.count(b"\n---\n") >= 2
-    done = subprocess.run(
-        [sys.executable, "-m", "sharing_plugin", "validate", "-"],
-        input=rendered,
-        capture_output=True,
-        timeout=30,
-        check=False,
-    )
-    assert done.returncode == 0, done.stdout + done.stderr
-    assert done.stdout.startswith(b"<stdin>: ok (")
+@pytest.mark.skipif(not HAS_KUBECTL, reason="kubectl is not installed")
+def test_kustomize_output_on_stdin_validates(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    rendered = render_text()
+    assert rendered.count("\n---\n") >= 2
+    feed_stdin(monkeypatch, rendered)
+    code = main(["validate", "-"])
+    out, err = capsys.readouterr()
+    assert code == 0, out + err
+    assert out.startswith("<stdin>: ok (")
