@@ -3,9 +3,31 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import shutil
+import tempfile
 from collections.abc import AsyncIterator
 
 import pytest
+from kustomize_render import SHARED_DIR_ENV
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """The directory the test processes of this run share (made before pytest-xdist starts its
+    workers, which inherit the variable)."""
+    if SHARED_DIR_ENV not in os.environ:
+        os.environ[SHARED_DIR_ENV] = tempfile.mkdtemp(prefix="sharing-plugin-tests-")
+        config.stash[_made_shared_dir] = os.environ[SHARED_DIR_ENV]
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    made = config.stash.get(_made_shared_dir, None)
+    if made is not None:
+        shutil.rmtree(made, ignore_errors=True)
+        del os.environ[SHARED_DIR_ENV]
+
+
+_made_shared_dir = pytest.StashKey[str]()
 
 
 @pytest.fixture(autouse=True)
