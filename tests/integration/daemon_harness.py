@@ -9,7 +9,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
 import yaml_fast
 
 from sharing_plugin.backends import backend_from_spec
@@ -29,7 +28,7 @@ async def eventually(predicate: Callable[[], bool], within: float = 5.0) -> None
 def node_file(root: Path, description: dict[str, Any]) -> Path:
     """A simulated node's description, written as `root/node.yaml` (`--gpus simulated:PATH`)."""
     path = root / "node.yaml"
-    path.write_text(yaml.safe_dump(description), encoding="utf-8")
+    path.write_text(yaml_fast.dump(description), encoding="utf-8")
     return path
 
 
@@ -38,7 +37,7 @@ def append_fault(path: Path, fault: dict[str, Any]) -> None:
     data = yaml_fast.load(path.read_text(encoding="utf-8"))
     data["faults"] = [*(data.get("faults") or []), fault]
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(yaml.safe_dump(data), encoding="utf-8")
+    tmp.write_text(yaml_fast.dump(data), encoding="utf-8")
     tmp.replace(path)
 
 

@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qsl, unquote, urlsplit
 
-import yaml
+import yaml_fast
 
 DEFAULT_USER = "system:serviceaccount:kube-system:sharing-plugin"
 
@@ -555,7 +555,7 @@ class FakeKubeApi:
             "current-context": "fake",
         }
         path = Path(path)
-        path.write_text(yaml.safe_dump(config, sort_keys=False))
+        path.write_text(yaml_fast.dump(config, sort_keys=False))
         return path
 
     # -- objects, from the test's side

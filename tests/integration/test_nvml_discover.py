@@ -7,7 +7,7 @@ from itertools import combinations
 from pathlib import Path
 
 import pytest
-import yaml
+import yaml_fast
 
 from sharing_plugin.backends import backend_from_spec
 from sharing_plugin.errors import ConfigError, GpuLostError, NvmlError
@@ -95,7 +95,7 @@ def test_a_node_file_places_instances_so_that_all_fit(tmp_path: Path) -> None:
     # 4g.20gb only starts at 0, so the 3g.20gb listed first must move to 4.
     node = tmp_path / "node.yaml"
     node.write_text(
-        yaml.safe_dump(
+        yaml_fast.dump(
             {
                 "gpus": [
                     {
@@ -114,7 +114,7 @@ def test_a_node_file_places_instances_so_that_all_fit(tmp_path: Path) -> None:
 def test_instances_that_cannot_fit_name_the_gpu(tmp_path: Path) -> None:
     node = tmp_path / "node.yaml"
     node.write_text(
-        yaml.safe_dump(
+        yaml_fast.dump(
             {
                 "gpus": [
                     {"product": "Tesla T4"},

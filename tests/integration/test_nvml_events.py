@@ -9,7 +9,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 import yaml_fast
 
 from sharing_plugin.backends import backend_from_spec
@@ -44,7 +43,7 @@ async def test_an_xid_on_a_mig_device_names_that_mig_device() -> None:
 
 def _node_file(path: Path) -> Path:
     path.write_text(
-        yaml.safe_dump(
+        yaml_fast.dump(
             {
                 "gpus": [{"product": "Tesla T4", "count": 2}],
                 "faults": [{"gpu": 0, "xid": 31}],  # present at start: history, not delivered
@@ -57,7 +56,7 @@ def _node_file(path: Path) -> Path:
 def _append_fault(path: Path, fault: dict[str, object]) -> None:
     data = yaml_fast.load(path.read_text())
     data["faults"].append(fault)
-    path.write_text(yaml.safe_dump(data))
+    path.write_text(yaml_fast.dump(data))
 
 
 async def test_appending_to_the_faults_list_delivers_one_event(tmp_path: Path) -> None:

@@ -7,7 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import pytest
-import yaml
+import yaml_fast
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -280,7 +280,7 @@ def test_compat_case(name: str) -> None:
             assert any(expected in w for w in loaded.warnings), loaded.warnings
         # Whatever spelling was read, the dump is ours and reads back to the same config.
         dumped = dump_config(loaded.config)
-        assert parse_config(yaml.safe_dump(dumped), file="d.yaml").config == loaded.config
+        assert parse_config(yaml_fast.dump(dumped), file="d.yaml").config == loaded.config
         return
     with pytest.raises(ConfigError) as raised:
         parse_config(case.text, file="c.yaml")
@@ -367,12 +367,12 @@ HEALTH = st.fixed_dictionaries(
 @given(raw=HEALTH)
 def test_accepted_health_sections_round_trip(raw: dict[str, object]) -> None:
     try:
-        loaded = parse_config(yaml.safe_dump({"health": raw}), file="gen.yaml")
+        loaded = parse_config(yaml_fast.dump({"health": raw}), file="gen.yaml")
     except ConfigError:
         return  # contradictions and overlaps are refused; only accepted ones matter here
     dumped = dump_config(loaded.config)
     assert not {"disabled", "ignoredXIDs"} & set(dumped["health"])
-    again = parse_config(yaml.safe_dump(dumped), file="dump.yaml")
+    again = parse_config(yaml_fast.dump(dumped), file="dump.yaml")
     assert again.config == loaded.config
 
 

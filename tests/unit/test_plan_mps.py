@@ -6,7 +6,7 @@ from dataclasses import replace
 from typing import Any
 
 import pytest
-import yaml
+import yaml_fast
 from plan_factory import gpu, gpu_uuid, mps, node, time_slicing
 
 from sharing_plugin.config.loader import dump_config, parse_config
@@ -170,7 +170,7 @@ def test_sizes_dump_and_load_back() -> None:
     assert entry["memoryPerReplica"] == "1536Mi"
     assert entry["pinnedMemoryLimit"] == "1907Mi"  # 2e9 bytes, whole MiB
     assert "replicas" not in entry
-    again = parse_config(yaml.safe_dump(dumped), file="d.yaml").config
+    again = parse_config(yaml_fast.dump(dumped), file="d.yaml").config
     assert dump_config(again) == dumped
 
 
