@@ -36,8 +36,9 @@ MAX_DEPTH = 64
 # two parsers were found to read differently (tests/unit/test_config_yamldoc.py looks for more):
 # tabs (libyaml takes them as separators where the reference refuses them), a bare "!" tag,
 # empty values in flow mappings and after "?" (other positions), "#" right after a block
-# scalar's header (libyaml takes it as a comment).
-_REFERENCE_ONLY = re.compile("[\t!?{]|[|>][-+0-9]*#|" + Reader.NON_PRINTABLE.pattern)
+# scalar's header (libyaml takes it as a comment). "{}", the empty mapping a dumper writes, has
+# no value to be empty and is read alike.
+_REFERENCE_ONLY = re.compile("[\t!?]|{(?!})|[|>][-+0-9]*#|" + Reader.NON_PRINTABLE.pattern)
 _LONG_ESCAPE = re.compile(r"\\U([0-9A-Fa-f]{8})")
 
 Path = tuple[str | int, ...]
