@@ -112,6 +112,7 @@ class Daemon(ConfigFedService):
             status=self.status,
             pod_resources=self.pod_resources,
             drain_recheck_s=options.drain_recheck_s,
+            grant_window_s=options.grant_window_s,
         )
         self._reload_lock = asyncio.Lock()
         self._update_waiters: list[asyncio.Future[None]] = []

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from sharing_plugin.config.names import DEFAULT_CONFIG_LABEL
 from sharing_plugin.daemon.health_monitor import HealthEnv
+from sharing_plugin.kubelet.grants import RECORD_WINDOW_S
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,6 +27,9 @@ class RunOptions:
     metrics_address: tuple[str, int] | None = None
     config_label: str = DEFAULT_CONFIG_LABEL
     drain_recheck_s: float = 2.0  # how often PodResources is asked while devices drain
+    # How long an Allocate grant counts as held when PodResources does not list it (see
+    # kubelet/grants.py).
+    grant_window_s: float = RECORD_WINDOW_S
     # A config file that does not validate is reported once it has stayed so this long: an
     # editor may be half-way through saving it.
     config_error_settle_s: float = 0.1

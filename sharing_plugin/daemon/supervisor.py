@@ -29,7 +29,7 @@ from pathlib import Path
 
 from sharing_plugin.daemon.tasks import TaskOwner
 from sharing_plugin.errors import KubeletError
-from sharing_plugin.kubelet.grants import GrantLedger
+from sharing_plugin.kubelet.grants import RECORD_WINDOW_S, GrantLedger
 from sharing_plugin.kubelet.podresources import PodResourcesClient
 from sharing_plugin.kubelet.server import (
     AllocateContext,
@@ -58,6 +58,7 @@ class Supervisor:
         status: StatusBoard,
         pod_resources: PodResourcesClient | None,
         drain_recheck_s: float = 2.0,
+        grant_window_s: float = RECORD_WINDOW_S,
     ) -> None:
         self._kubelet_dir = kubelet_dir
         self._metrics = metrics
@@ -71,7 +72,7 @@ class Supervisor:
         self._tasks = TaskOwner("supervisor")
         self._retries: dict[str, asyncio.Task[None]] = {}
         self._drain_task: asyncio.Task[None] | None = None
-        self._grants = GrantLedger(on_late=self._late_grant)
+        self._grants = GrantLedger(record_window_s=grant_window_s, on_late=self._late_grant)
         # PodResources' last answer: while kubelet cannot answer (restarting), pods are taken to
         # hold what they held then, so nothing draining vanishes for a kubelet restart.
         self._last_held: dict[str, frozenset[str]] = {}

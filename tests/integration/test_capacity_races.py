@@ -60,7 +60,9 @@ async def test_replica_granted_while_pod_resources_answers_stays_draining(
 ) -> None:
     """Defect 1: the held devices were read, then a grant from the old snapshot slipped in
     before the swap, and the shrink dropped that replica while the pod held it."""
-    async with running(short_dir, sliced(4)) as run:
+    # The pod is deleted before any PodResources answer lists it: its grants count as held
+    # until the grant window ends (shortened from 2 s; kubelet here records a grant at once).
+    async with running(short_dir, sliced(4), grant_window_s=0.5) as run:
         gate = run.kubelet.pod_resources_gate
         gate.close()
         run.write(sliced(2))
