@@ -113,7 +113,7 @@ async def test_allocate_of_a_replica_withdrawn_a_moment_ago_is_honoured_and_drai
 
 
 async def test_draining_devices_stay_while_pod_resources_cannot_answer(
-    short_dir: Path, caplog: pytest.LogCaptureFixture
+    short_dir: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Found by the invariant test: a kubelet restarting (PodResources gone for a moment) made
     every draining device vanish at the next recheck while pods still held them."""
@@ -125,7 +125,18 @@ async def test_draining_devices_stay_while_pod_resources_cannot_answer(
         run.kubelet.pod_resources_socket.unlink()  # kubelet cannot answer for now
         await eventually(lambda: "PodResources unavailable" in caplog.text, within=3)
         messages = run.kubelet.messages(GPU)
-        await asyncio.sleep(0.3)  # several drain rechecks (every 0.05 s here) without an answer
+        # Several drain rechecks (every 0.05 s here) ask and get no answer.
+        unanswered = 0
+        ask = run.daemon.pod_resources.held_devices
+
+        async def counted() -> dict[str, frozenset[str]] | None:
+            nonlocal unanswered
+            answer = await ask()
+            unanswered += answer is None
+            return answer
+
+        monkeypatch.setattr(run.daemon.pod_resources, "held_devices", counted)
+        await eventually(lambda: unanswered >= 3, within=3)
         assert unhealthy(run.kubelet) == dropped
         assert holds_are_advertised(run.kubelet)
         assert run.kubelet.messages(GPU) == messages  # nothing pushed meanwhile
