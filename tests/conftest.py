@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import inspect
 import os
 import shutil
 import tempfile
@@ -31,8 +32,15 @@ _made_shared_dir = pytest.StashKey[str]()
 
 
 @pytest.fixture(autouse=True)
-async def _no_leftover_tasks() -> AsyncIterator[None]:
-    """Fail a test that leaves asyncio tasks running behind it."""
+def _no_leftover_tasks(request: pytest.FixtureRequest) -> None:
+    """Fail a coroutine test that leaves asyncio tasks running behind it. A plain test has no
+    event loop, and giving it one only for this check cost ~2 ms of CPU a test."""
+    if inspect.iscoroutinefunction(request.function):
+        request.getfixturevalue("_no_leftover_tasks_in_its_loop")
+
+
+@pytest.fixture
+async def _no_leftover_tasks_in_its_loop() -> AsyncIterator[None]:
     before = set(asyncio.all_tasks())
     yield
     current = asyncio.current_task()
