@@ -138,8 +138,7 @@ def test_validate_warnings_go_to_stderr_and_usage_errors_exit_2(tmp_path: Path) 
     assert "flags.gdsEnabled" in done.stderr
 
     assert cli("validate").returncode == 2
-    # The exit code as a process reports it, through `sys.exit`.
-    missing = child("validate", str(config), str(tmp_path / "nope.yaml"))
+    missing = cli("validate", str(config), str(tmp_path / "nope.yaml"))
     assert missing.returncode == 2
     assert "nope.yaml" in missing.stderr
 
@@ -163,7 +162,8 @@ def test_replicas_over_the_listandwatch_limit_are_rejected(tmp_path: Path, node:
 
 def test_validate_dash_reads_a_stream_on_stdin(tmp_path: Path) -> None:
     # Second batch: `validate -` reads stdin; every ConfigMap of a stream is validated, other
-    # kinds are skipped, lines count in the whole stream.
+    # kinds are skipped, lines count in the whole stream. A child process: the real stdin, and
+    # the exit code as `sys.exit` reports it.
     manifest = (
         "apiVersion: v1\nkind: ServiceAccount\nmetadata: {name: sharing-plugin}\n"
         "---\n"
