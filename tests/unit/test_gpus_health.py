@@ -4,7 +4,7 @@ quiet period."""
 from __future__ import annotations
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from plan_factory import gpu, gpu_uuid, mig_uuid, node
 
@@ -270,6 +270,8 @@ _events = st.lists(
 
 @settings(max_examples=200, deadline=None)
 @given(_events)
+# Found by the suite once: a recovery exactly a quiet period after the onset.
+@example([("xid", gpu_uuid(0), 48, 4.513237259672486), ("check-ok", gpu_uuid(0), 13, 60.0)])
 def test_reported_changes_replay_to_the_tracked_health(
     events: list[tuple[str, str | None, int, float]],
 ) -> None:
@@ -295,7 +297,10 @@ def test_reported_changes_replay_to_the_tracked_health(
                 assert replay[device] != change.healthy
                 replay[device] = change.healthy
                 if change.healthy:
-                    assert now - onset[device] >= TIMING.quiet_period_s
+                    # As the tracker counts it (a sum, not a difference: 64.51323725967248 -
+                    # 4.513237259672486 is 59.99999999999999, under a 60 s quiet period that
+                    # did pass).
+                    assert now >= onset[device] + TIMING.quiet_period_s
                 else:
                     onset[device] = now
         assert replay == dict(t.health)
