@@ -20,7 +20,7 @@ from sharing_plugin.sim.kubelet.simulator import KubeletSimulator
 
 GPU = "nvidia.com/gpu"
 MIB = 1024 * 1024
-REQUESTS = 50
+REQUESTS = 30  # with the old abort() refusal, 20 already peaked at 187 MiB and 50 at 275 MiB
 PEAK_RSS_LIMIT_MIB = 150
 START_S = 10.0
 
