@@ -22,7 +22,7 @@ from sharing_plugin.config.rules import plan_envvar_trap
 from sharing_plugin.errors import PlanError, Problem
 from sharing_plugin.gpus.inventory import Gpu, Inventory, MigDevice
 from sharing_plugin.plan.model import DeviceId, Plan, ResourcePlan, VirtualDevice
-from sharing_plugin.plan.share import BaseDevices, apply_sharing
+from sharing_plugin.plan.share import BaseDevices, apply_sharing, too_many_devices
 
 DEFAULT_GPU_RESOURCE = "nvidia.com/gpu"
 MIG_STRATEGY_PATH = "flags.migStrategy"
@@ -168,12 +168,7 @@ def _single_strategy_problems(mig_gpus: list[Gpu], whole_gpus: list[Gpu]) -> lis
 
 def _size_problems(resources: list[ResourcePlan], sources: Mapping[str, str]) -> list[Problem]:
     return [
-        Problem(
-            sources.get(r.name, ""),
-            f"{r.name} would advertise {len(r.devices):,} devices, over the "
-            f"{MAX_DEVICES_PER_RESOURCE:,} kubelet accepts for one resource (its 4 MiB "
-            "ListAndWatch message limit): lower replicas or spread devices over more names",
-        )
+        too_many_devices(r.name, len(r.devices), sources.get(r.name, ""))
         for r in resources
         if len(r.devices) > MAX_DEVICES_PER_RESOURCE
     ]

@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from sharing_plugin.config.model import (
+    MAX_DEVICES_PER_RESOURCE,
     Config,
     DeviceRef,
     DeviceSelection,
@@ -49,6 +50,7 @@ __all__ = [
     "Shared",
     "apply_sharing",
     "mps_client_limit",
+    "too_many_devices",
 ]
 
 
@@ -265,6 +267,16 @@ def _mps_problems(
     return _Found([], problems, warnings)
 
 
+def too_many_devices(resource: str, count: int, path: str) -> Problem:
+    """The problem of a resource advertising more devices than one ListAndWatch can carry."""
+    return Problem(
+        path,
+        f"{resource} would advertise {count:,} devices, over the "
+        f"{MAX_DEVICES_PER_RESOURCE:,} kubelet accepts for one resource (its 4 MiB "
+        "ListAndWatch message limit): lower replicas or spread devices over more names",
+    )
+
+
 def apply_sharing(
     config: Config,
     inventory: Inventory,
@@ -311,12 +323,25 @@ def apply_sharing(
             replicas = mps.replicas if mps is not None else entry.replicas
             shares[d.physical] = _Share(target, max(replicas, 1), path, mps=mps)
 
+    # Counted before anything is built: replicas past kubelet's limit are refused, not made
+    # (30,001 replicas of two GPUs took a quarter of a second to build only to be refused).
+    totals: dict[str, int] = {}
+    for name, devices in base.items():
+        for d in devices:
+            share = shares.get(d.physical)
+            target = name if share is None else share.target
+            totals[target] = totals.get(target, 0) + (1 if share is None else share.replicas)
+    oversized = [t for t, n in totals.items() if n > MAX_DEVICES_PER_RESOURCE]
+    problems.extend(too_many_devices(t, totals[t], sources.get(t, "")) for t in oversized)
+
     out: dict[str, list[VirtualDevice]] = {}
     feeds: dict[str, set[str]] = {}
     for name, devices in base.items():
         for d in devices:
             share = shares.get(d.physical)
             target = name if share is None else share.target
+            if target in oversized:
+                continue
             feeds.setdefault(target, set()).add(name)
             bucket = out.setdefault(target, [])
             if share is None:

@@ -179,5 +179,19 @@ def test_more_than_60000_devices_on_one_resource_is_an_error() -> None:
     )
 
 
+def test_entries_renamed_to_one_resource_count_together_against_the_limit() -> None:
+    inv = node(*(gpu(i) for i in range(3)))
+    cfg = time_slicing(
+        {"name": "gpu", "devices": [0], "replicas": 30_000, "rename": "big"},
+        {"name": "gpu", "devices": [1], "replicas": 30_001, "rename": "big"},
+        {"name": "gpu", "devices": [2], "replicas": 60_000},
+    )
+    with pytest.raises(PlanError) as err:
+        plan(cfg, inv)
+    (problem,) = err.value.problems  # nvidia.com/gpu's 60,000 are fine
+    assert problem.path == "sharing.timeSlicing.resources[0]"
+    assert problem.message.startswith("nvidia.com/big would advertise 60,001 devices, over the")
+
+
 def test_empty_node_advertises_nothing() -> None:
     assert plan(config(), node()).resources == ()
