@@ -1,13 +1,21 @@
-"""What every command shares: exit codes, on/off flags, and flags that also read env vars."""
+"""What every command shares: exit codes, on/off flags, flags that also read env vars, and the
+flags of the config sources that `run`, `run-dra` and `mps-control` all take."""
 
 from __future__ import annotations
 
 import argparse
 import logging
 import os
+import sys
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from types import TracebackType
-from typing import Protocol, Self
+from typing import TYPE_CHECKING, Protocol, Self, TypeVar
+
+from sharing_plugin.config.names import DEFAULT_CONFIG_LABEL
+
+if TYPE_CHECKING:
+    from sharing_plugin.daemon.options import SourceOptions
 
 EXIT_OK = 0
 EXIT_INVALID = 1
@@ -16,6 +24,50 @@ STDIN = "-"
 
 Flag = tuple[str, str, str | None, str]
 """(flag, env var, default, help): a flag that also reads an env var, as the DaemonSet sets it."""
+
+
+# Where the config comes from, which GPUs, and this node: the serving commands' `SourceOptions`.
+SOURCE_FLAGS: tuple[Flag, ...] = (
+    ("--config", "CONFIG_FILE", None, "config file, or a mounted ConfigMap directory"),
+    ("--config-name", "CONFIG_NAME", None, "named config to use when the node has no label"),
+    ("--config-map", "CONFIG_MAP", None, "NAMESPACE/NAME: read the ConfigMap through the API"),
+    ("--config-label", "CONFIG_LABEL", DEFAULT_CONFIG_LABEL, "node label naming the config"),
+    ("--gpus", "GPUS", "nvml", "nvml, simulated:PRESET or simulated:PATH"),
+    ("--kubelet-dir", "KUBELET_DIR", "/var/lib/kubelet", "kubelet's state directory"),
+    ("--node-name", "NODE_NAME", None, "this node, to follow its config label"),
+)
+METRICS_FLAGS: tuple[Flag, ...] = (
+    ("--metrics-address", "METRICS_ADDRESS", "0.0.0.0:9400", "HOST:PORT for metrics, or off"),
+)
+LOG_FLAGS: tuple[Flag, ...] = (
+    ("--log-format", "LOG_FORMAT", "text", "text or json"),
+    ("--log-level", "LOG_LEVEL", "info", "debug, info, warning or error"),
+)
+
+
+def source_options(args: argparse.Namespace) -> SourceOptions:
+    """The config sources, GPUs and node of a serving command; ValueError for a bad value."""
+    from sharing_plugin.daemon.options import SourceOptions
+    from sharing_plugin.sources.apiconfig import parse_config_map_ref
+
+    return SourceOptions(
+        config_path=Path(args.config) if args.config else None,
+        config_name=args.config_name or None,
+        config_map=parse_config_map_ref(args.config_map) if args.config_map else None,
+        config_label=args.config_label,
+        gpus=args.gpus,
+        kubelet_dir=Path(args.kubelet_dir),
+        node_name=args.node_name or None,
+    )
+
+
+def check_log_flags(args: argparse.Namespace) -> None:
+    """ValueError for a `--log-format` or `--log-level` that does not exist."""
+    from sharing_plugin.daemon.logs import parse_log_level
+
+    if args.log_format not in ("text", "json"):
+        raise ValueError(f"--log-format must be text or json (got {args.log_format!r})")
+    parse_log_level(args.log_level)
 
 
 def add_env_flags(parser: argparse.ArgumentParser, flags: Sequence[Flag]) -> None:
@@ -83,3 +135,39 @@ def serve_until_stopped(
                 loop.remove_signal_handler(sig)
 
     asyncio.run(serve())
+
+
+Options = TypeVar("Options")
+
+
+def serve_command(
+    args: argparse.Namespace,
+    *,
+    command: str,
+    options: Callable[[argparse.Namespace], Options],
+    service: Callable[[Options], SignalledService],
+    logger: logging.Logger,
+    check: Callable[[Options], None] = lambda _: None,
+    stopping: str = "stopping",
+) -> int:
+    """A serving command from its arguments to its exit code: options (a bad value is a usage
+    error, exit 2), logging, `check` (paths the service could never use), then the service
+    until a signal stops it; a `SharingPluginError` that ends it is logged and exits 1."""
+    from sharing_plugin.daemon.logs import configure as configure_logging
+    from sharing_plugin.daemon.logs import parse_log_level
+    from sharing_plugin.errors import SharingPluginError
+
+    try:
+        check_log_flags(args)
+        resolved = options(args)
+    except ValueError as exc:
+        print(f"sharing-plugin {command}: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    configure_logging(args.log_format, level=parse_log_level(args.log_level))
+    try:
+        check(resolved)
+        serve_until_stopped(lambda: service(resolved), logger=logger, stopping=stopping)
+    except SharingPluginError as exc:
+        logger.error("cannot run: %s", exc)
+        return EXIT_INVALID
+    return EXIT_OK

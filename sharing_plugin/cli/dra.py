@@ -4,22 +4,21 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import re
-import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from sharing_plugin.cli.common import (
-    EXIT_INVALID,
-    EXIT_OK,
-    EXIT_USAGE,
+    LOG_FLAGS,
+    METRICS_FLAGS,
+    SOURCE_FLAGS,
     Flag,
     add_env_flags,
     on_off,
-    serve_until_stopped,
+    serve_command,
+    source_options,
 )
-from sharing_plugin.cli.run import SOURCE_FLAGS, run_options
-from sharing_plugin.errors import SharingPluginError
 
 if TYPE_CHECKING:
     from sharing_plugin.daemon.dra import DraDaemon, DraOptions
@@ -40,25 +39,22 @@ DRA_FLAGS: tuple[Flag, ...] = (
         "on or off: delete the node's ResourceSlices at exit",
     ),
 )
+FLAGS: tuple[Flag, ...] = (*SOURCE_FLAGS, *METRICS_FLAGS, *LOG_FLAGS, *DRA_FLAGS)
+"""Every flag of `run-dra`, each with the env var it also reads."""
 # ResourceSlice.spec.driver: a DNS subdomain of at most 63 characters.
 _DRIVER = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     dra = sub.add_parser("run-dra", help="run as a DRA kubelet plugin (Kubernetes 1.32+)")
-    add_env_flags(dra, (*SOURCE_FLAGS, *DRA_FLAGS))
-    # `run`'s node status and label features are not part of run-dra.
-    dra.set_defaults(
-        func=_cmd_run_dra,
-        node_status="off",
-        clear_labels_on_exit="off",
-        labels_file=None,
-        node_labels="off",
-    )
+    add_env_flags(dra, FLAGS)
+    dra.set_defaults(func=_cmd_run_dra)
 
 
 def dra_options(args: argparse.Namespace) -> DraOptions:
     from sharing_plugin.daemon.dra import DraOptions
+    from sharing_plugin.daemon.health_monitor import HealthEnv
+    from sharing_plugin.observability.http_server import parse_metrics_address
 
     if not args.node_name:
         raise ValueError("--node-name (NODE_NAME) is required: the node's pool is published")
@@ -71,7 +67,9 @@ def dra_options(args: argparse.Namespace) -> DraOptions:
     if not args.cdi_dir:
         raise ValueError("--cdi-dir must name a directory")
     return DraOptions(
-        run=run_options(args),
+        source=source_options(args),
+        metrics_address=parse_metrics_address(args.metrics_address),
+        health_env=HealthEnv.from_environ(os.environ),
         driver_name=driver,
         cdi_dir=Path(args.cdi_dir),
         clear_slices_on_exit=on_off("--clear-slices-on-exit", args.clear_slices_on_exit),
@@ -82,27 +80,21 @@ def _daemon(options: DraOptions) -> DraDaemon:
     from sharing_plugin.backends import backend_from_spec
     from sharing_plugin.daemon.dra import DraDaemon
 
-    return DraDaemon(options, nvml=backend_from_spec(options.run.gpus))
+    return DraDaemon(options, nvml=backend_from_spec(options.source.gpus))
+
+
+def _check(options: DraOptions) -> None:
+    from sharing_plugin.dra.server import check_socket_paths
+
+    check_socket_paths(options.source.kubelet_dir, options.driver_name)
 
 
 def _cmd_run_dra(args: argparse.Namespace) -> int:
-    from sharing_plugin.daemon.logs import configure as configure_logging
-    from sharing_plugin.daemon.logs import parse_log_level
-
-    try:
-        options = dra_options(args)
-    except ValueError as exc:
-        print(f"sharing-plugin run-dra: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-    configure_logging(args.log_format, level=parse_log_level(args.log_level))
-    try:
-        from sharing_plugin.dra.server import check_socket_paths
-
-        check_socket_paths(options.run.kubelet_dir, options.driver_name)
-        serve_until_stopped(
-            lambda: _daemon(options), logger=logging.getLogger(__name__), stopping="stopping"
-        )
-    except SharingPluginError as exc:
-        logging.getLogger(__name__).error("cannot run: %s", exc)
-        return EXIT_INVALID
-    return EXIT_OK
+    return serve_command(
+        args,
+        command="run-dra",
+        options=dra_options,
+        service=_daemon,
+        check=_check,
+        logger=logging.getLogger(__name__),
+    )

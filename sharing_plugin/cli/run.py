@@ -5,78 +5,54 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from sharing_plugin.cli.common import (
-    EXIT_INVALID,
-    EXIT_OK,
-    EXIT_USAGE,
+    LOG_FLAGS,
+    METRICS_FLAGS,
+    SOURCE_FLAGS,
     Flag,
     add_env_flags,
     on_off,
-    serve_until_stopped,
+    serve_command,
+    source_options,
 )
-from sharing_plugin.config.names import DEFAULT_CONFIG_LABEL
-from sharing_plugin.errors import SharingPluginError
 
 if TYPE_CHECKING:
     from sharing_plugin.daemon.app import Daemon
     from sharing_plugin.daemon.options import RunOptions
 
-# Where the config comes from and which GPUs: shared by every command that serves a config.
-SOURCE_FLAGS: tuple[Flag, ...] = (
-    ("--config", "CONFIG_FILE", None, "config file, or a mounted ConfigMap directory"),
-    ("--config-name", "CONFIG_NAME", None, "named config to use when the node has no label"),
-    ("--config-map", "CONFIG_MAP", None, "NAMESPACE/NAME: read the ConfigMap through the API"),
-    ("--config-label", "CONFIG_LABEL", DEFAULT_CONFIG_LABEL, "node label naming the config"),
-    ("--gpus", "GPUS", "nvml", "nvml, simulated:PRESET or simulated:PATH"),
-    ("--kubelet-dir", "KUBELET_DIR", "/var/lib/kubelet", "kubelet's state directory"),
-    ("--node-name", "NODE_NAME", None, "this node, to follow its config label"),
-    ("--metrics-address", "METRICS_ADDRESS", "0.0.0.0:9400", "HOST:PORT for metrics, or off"),
-    ("--log-format", "LOG_FORMAT", "text", "text or json"),
-    ("--log-level", "LOG_LEVEL", "info", "debug, info, warning or error"),
-)
 RUN_FLAGS: tuple[Flag, ...] = (
     ("--node-status", "NODE_STATUS", "on", "on or off: events and config state on the Node"),
     ("--clear-labels-on-exit", "CLEAR_LABELS_ON_EXIT", "off", "on or off: remove them at exit"),
     ("--labels-file", "LABELS_FILE", None, "NFD feature file to write GFD-compatible labels to"),
     ("--node-labels", "NODE_LABELS", "off", "on or off: patch those labels onto the Node"),
 )
+FLAGS: tuple[Flag, ...] = (*SOURCE_FLAGS, *METRICS_FLAGS, *LOG_FLAGS, *RUN_FLAGS)
+"""Every flag of `run`, each with the env var it also reads."""
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     run = sub.add_parser("run", help="run the device plugin (the DaemonSet's command)")
-    add_env_flags(run, (*SOURCE_FLAGS, *RUN_FLAGS))
+    add_env_flags(run, FLAGS)
     run.set_defaults(func=_cmd_run)
 
 
 def run_options(args: argparse.Namespace) -> RunOptions:
     from sharing_plugin.daemon.health_monitor import HealthEnv
-    from sharing_plugin.daemon.logs import parse_log_level
-    from sharing_plugin.daemon.options import RunOptions
+    from sharing_plugin.daemon.options import NodeReportOptions, RunOptions
     from sharing_plugin.observability.http_server import parse_metrics_address
 
-    if args.log_format not in ("text", "json"):
-        raise ValueError(f"--log-format must be text or json (got {args.log_format!r})")
-    parse_log_level(args.log_level)
-    from sharing_plugin.sources.apiconfig import parse_config_map_ref
-
-    config_map = parse_config_map_ref(args.config_map) if args.config_map else None
     return RunOptions(
-        config_path=Path(args.config) if args.config else None,
-        config_name=args.config_name or None,
-        gpus=args.gpus,
-        kubelet_dir=Path(args.kubelet_dir),
-        node_name=args.node_name or None,
+        source=source_options(args),
+        report=NodeReportOptions(
+            node_status=on_off("--node-status", args.node_status),
+            clear_labels_on_exit=on_off("--clear-labels-on-exit", args.clear_labels_on_exit),
+            labels_file=Path(args.labels_file) if args.labels_file else None,
+            node_labels=on_off("--node-labels", args.node_labels),
+        ),
         metrics_address=parse_metrics_address(args.metrics_address),
-        config_label=args.config_label,
-        config_map=config_map,
-        node_status=on_off("--node-status", args.node_status),
-        clear_labels_on_exit=on_off("--clear-labels-on-exit", args.clear_labels_on_exit),
-        labels_file=Path(args.labels_file) if args.labels_file else None,
-        node_labels=on_off("--node-labels", args.node_labels),
         health_env=HealthEnv.from_environ(os.environ),
     )
 
@@ -85,7 +61,7 @@ def _daemon(options: RunOptions) -> Daemon:
     from sharing_plugin.backends import backend_from_spec
     from sharing_plugin.daemon.app import Daemon
 
-    return Daemon(options, nvml=backend_from_spec(options.gpus))
+    return Daemon(options, nvml=backend_from_spec(options.source.gpus))
 
 
 def check_socket_paths(kubelet_dir: Path) -> None:
@@ -122,21 +98,11 @@ def check_socket_paths(kubelet_dir: Path) -> None:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    from sharing_plugin.daemon.logs import configure as configure_logging
-    from sharing_plugin.daemon.logs import parse_log_level
-
-    try:
-        options = run_options(args)
-    except ValueError as exc:
-        print(f"sharing-plugin run: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-    configure_logging(args.log_format, level=parse_log_level(args.log_level))
-    try:
-        check_socket_paths(options.kubelet_dir)
-        serve_until_stopped(
-            lambda: _daemon(options), logger=logging.getLogger(__name__), stopping="stopping"
-        )
-    except SharingPluginError as exc:
-        logging.getLogger(__name__).error("cannot run: %s", exc)
-        return EXIT_INVALID
-    return EXIT_OK
+    return serve_command(
+        args,
+        command="run",
+        options=run_options,
+        service=_daemon,
+        check=lambda options: check_socket_paths(options.source.kubelet_dir),
+        logger=logging.getLogger(__name__),
+    )

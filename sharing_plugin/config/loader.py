@@ -68,6 +68,15 @@ class LoadedConfig:
             return said
         return self.origin.line(*found)
 
+    def place(self, problem: Problem) -> Problem:
+        """A problem found after loading (the plan's: a config path, no position) at the line
+        of the entry it is about, in the text this config was read from -- never the file as
+        it is now, which a hot reload may already have changed. Placed problems and problems
+        of a default config (no text) are returned as they are."""
+        if problem.file is not None or self.origin is None:
+            return problem
+        return self.origin.place(problem)
+
 
 NamedConfigs = dict[str | None, LoadedConfig]
 """Configs by name, in the order written; a plain config file gives the single name None."""

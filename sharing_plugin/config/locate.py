@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from sharing_plugin.config.model import Config
 from sharing_plugin.config.yamldoc import Document, Mark, YamlProblem, read
 from sharing_plugin.config.yamldoc import Path as DocPath
+from sharing_plugin.errors import Problem
 
 Remap = Callable[[Mark], Mark]
 
@@ -69,9 +70,19 @@ class Origin:
 
     def line(self, path: str, message: str) -> str:
         """`FILE:LINE:COL: [prefix: ]path: message`, as validate prints a problem."""
-        mark = self.where(path)
-        at = f"{self.file}:{mark.line + 1}:{mark.column + 1}: " if mark else f"{self.file}: "
-        return at + joined(self.prefix, path, message)
+        return str(self.place(Problem(path, message)))
+
+    def place(self, problem: Problem) -> Problem:
+        """`problem` (a config path and a message) at the entry's line, as validation errors
+        are: `[prefix: ]path` as its path, this file, and the entry's line and column."""
+        mark = self.where(problem.path)
+        return Problem(
+            joined(self.prefix, problem.path),
+            problem.message,
+            file=self.file,
+            line=mark.line + 1 if mark else None,
+            column=mark.column + 1 if mark else None,
+        )
 
 
 def block_remap(doc: Document, key: str, text_lines: list[str]) -> Remap:

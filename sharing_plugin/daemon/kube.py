@@ -1,4 +1,4 @@
-"""The daemon's Kubernetes side: one API client, and the config source the options ask for.
+"""The pipeline's Kubernetes side: one API client, and the config source the options ask for.
 
 The client is made once, only when a feature needs the API (`--node-name` for the config label
 and node status, `--config-map` for the config), from the in-cluster service account or
@@ -8,15 +8,13 @@ through the API (`--config-map`, with `--config` as its fallback), or neither (t
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
-from sharing_plugin.daemon.options import RunOptions
-from sharing_plugin.daemon.tasks import Service
-from sharing_plugin.errors import Problem
-from sharing_plugin.sources.filewatch import ConfigSource, ConfigUpdate
+from sharing_plugin.daemon.options import SourceOptions
+from sharing_plugin.sources.filewatch import ConfigSource
+from sharing_plugin.sources.update import ConfigUpdate, Trigger
 
 if TYPE_CHECKING:
     from collections.abc import AsyncGenerator
@@ -33,39 +31,12 @@ class ConfigFeed(Protocol):
 
     def updates(self) -> AsyncGenerator[ConfigUpdate, None]: ...
 
-    def trigger(self, reason: str) -> None: ...
+    def trigger(self, trigger: Trigger) -> None: ...
 
     def stop(self) -> None: ...
 
-    def place(self, problem: Problem, config_name: str | None) -> str: ...
 
-
-class ConfigFedService(Service):
-    """A service that follows a config feed until asked to stop: SIGTERM and SIGINT stop it,
-    SIGHUP re-reads the config (`run`, `run-dra` and `mps-control` alike)."""
-
-    def __init__(self) -> None:
-        self.source: ConfigFeed | None = None  # chosen at start, once the API client is known
-        self._stop = asyncio.Event()
-
-    def request_stop(self) -> None:
-        """Begin a graceful stop (what SIGTERM and SIGINT do)."""
-        self._stop.set()
-
-    def request_reload(self) -> None:
-        """Re-read the config now (what SIGHUP does)."""
-        if self.source is not None:
-            self.source.trigger("SIGHUP")
-
-    async def wait_stopped(self) -> None:
-        await self._stop.wait()
-
-
-def needs_api(options: RunOptions) -> bool:
-    return options.node_name is not None or options.config_map is not None
-
-
-def api_client(options: RunOptions) -> AsyncClient | None:
+def api_client(options: SourceOptions) -> AsyncClient | None:
     """The client for the features `options` turn on; None without credentials (logged)."""
     from sharing_plugin.sources.kube import client_from_environment
 
@@ -82,7 +53,7 @@ def api_client(options: RunOptions) -> AsyncClient | None:
 
 
 def config_feed(
-    options: RunOptions,
+    options: SourceOptions,
     client: AsyncClient | None,
     *,
     label_value: Callable[[], str | None],

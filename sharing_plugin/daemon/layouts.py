@@ -2,8 +2,9 @@
 
 Before a config is planned, its declared layouts are checked against the node (an impossible
 one rejects the config before anything is touched), then carried out through the reconciler
-with what PodResources says pods hold. A layout that must wait for a pod to release an instance
-is pending: it is retried every `retry_s` seconds, through the daemon's own update path, until
+with what pods (or, in DRA mode, prepared claims) hold. A layout that must wait for a pod to
+release an instance is pending: it is retried every `retry_s` seconds, through the pipeline's
+own update path, until
 it is applied or a new config replaces it. Each GPU's state is kept here as a value and shown
 in /status.
 """
@@ -19,7 +20,7 @@ from sharing_plugin.daemon.mig import MigReconciler
 from sharing_plugin.daemon.tasks import TaskOwner
 from sharing_plugin.errors import PlanError
 from sharing_plugin.gpus.inventory import Inventory
-from sharing_plugin.kubelet.podresources import PodResourcesClient
+from sharing_plugin.mig.desired import Holder
 from sharing_plugin.mig.state import GpuMigState, MigState
 from sharing_plugin.observability.status import StatusBoard
 from sharing_plugin.plan.node import plan_node
@@ -35,14 +36,14 @@ class MigLayouts:
         reconciler: MigReconciler,
         *,
         status: StatusBoard,
-        pod_resources: PodResourcesClient,
+        held_by: Callable[[], Awaitable[Mapping[str, Holder] | None]],
         tasks: TaskOwner,
         retry: Callable[[], Awaitable[None]],
         retry_s: float,
     ) -> None:
         self._reconciler = reconciler
         self._status = status
-        self._pod_resources = pod_resources
+        self._held_by = held_by
         self._tasks = tasks
         self._retry = retry
         self._retry_s = retry_s
@@ -61,8 +62,7 @@ class MigLayouts:
             raise PlanError(checked.problems)
         if config.partitioning is None and not self._states:
             return inventory, False
-        held_by = await self._pod_resources.held_by()
-        outcome = await self._reconciler.reconcile(config, inventory, held_by)
+        outcome = await self._reconciler.reconcile(config, inventory, await self._held_by())
         self._record(outcome.states)
         self._pending = any(s.state is MigState.PENDING for s in self._states.values())
         if self._pending:

@@ -3,14 +3,15 @@
     async with MpsController(options, nvml=backend_from_spec(...), control=ControlBinary(...)):
         ...                                   # until SIGTERM
 
-The config comes from the same sources as `run` (file, mounted ConfigMap, the ConfigMap through
-the API, the node label), validated and planned the same way, so both containers of the pod
-agree on which resources are MPS and over which GPUs; the plan's `MpsDaemon` values say what
-each daemon must be. A reload compares them with the running ones by fingerprint (GPUs and
-limits): an unchanged daemon is left alone, a new one started, and a changed or removed one
-replaced or stopped only once no pod holds a replica of its resource (kubelet's PodResources,
-as for draining in `run`), because stopping a daemon kills its clients. Until then it keeps
-serving with its old limits and its state file says it is waiting, with why.
+The config comes through the same node pipeline as `run`'s (file, mounted ConfigMap, the
+ConfigMap through the API, the node label; validated and planned the same way), so both
+containers of the pod agree on which resources are MPS and over which GPUs; the plan's
+`MpsDaemon` values say what each daemon must be. A reload compares them with the running
+ones by fingerprint (GPUs and limits): an unchanged daemon is left alone, a new one started,
+and a changed or removed one replaced or stopped only once no pod holds a replica of its
+resource (kubelet's PodResources, as for draining in `run`), because stopping a daemon kills
+its clients. Until then it keeps serving with its old limits and its state file says it is
+waiting, with why.
 
 Stopping `mps-control` leaves the daemons running: the next `mps-control` adopts them, and the
 plugin stops vouching for them once their state file is no longer confirmed.
@@ -19,40 +20,29 @@ plugin stops vouching for them once their state file is no longer confirmed.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import logging
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from sharing_plugin.config.model import Config
-from sharing_plugin.daemon.kube import ConfigFedService, api_client, config_feed, needs_api
 from sharing_plugin.daemon.mps_keeper import DaemonKeeper, KeeperTiming
-from sharing_plugin.daemon.options import RunOptions
+from sharing_plugin.daemon.options import SourceOptions
+from sharing_plugin.daemon.outcome import Applied, Served
+from sharing_plugin.daemon.pipeline import NodePipeline, NodeService
+from sharing_plugin.daemon.report import Reports
 from sharing_plugin.daemon.tasks import TaskOwner
-from sharing_plugin.errors import NvmlError, PlanError, SharingPluginError
-from sharing_plugin.gpus.inventory import Inventory
 from sharing_plugin.kubelet.podresources import PodResourcesClient
 from sharing_plugin.mps import MpsControl
 from sharing_plugin.nvml.api import NvmlApi
-from sharing_plugin.nvml.discover import discover
 from sharing_plugin.plan.mps import MpsDaemon
-from sharing_plugin.plan.node import plan_node
-from sharing_plugin.sources.filewatch import ConfigUpdate
-from sharing_plugin.sources.nodelabel import NodeLabelWatcher
 
 if TYPE_CHECKING:
     from lightkube import AsyncClient
-
-log = logging.getLogger(__name__)
-
-_FOLLOW_BACKOFF_S = (0.2, 10.0)
 
 
 @dataclass(frozen=True, slots=True)
 class MpsControlOptions:
     """What `sharing-plugin mps-control` was asked to do."""
 
-    source: RunOptions = field(default_factory=RunOptions)  # config sources, GPUs, kubelet dir
+    source: SourceOptions = field(default_factory=SourceOptions)
     control_bin: str = "nvidia-cuda-mps-control"
     timing: KeeperTiming = field(default_factory=KeeperTiming)
     recheck_s: float = 2.0  # how often PodResources is asked while a change waits for pods
@@ -64,7 +54,7 @@ class _Kept:
     task: asyncio.Task[Any]
 
 
-class MpsController(ConfigFedService):
+class MpsController(NodeService):
     """The `mps-control` process: config in, one supervised control daemon per MPS resource."""
 
     def __init__(
@@ -79,132 +69,53 @@ class MpsController(ConfigFedService):
         self.options = options
         self.nvml = nvml
         self.control = control
-        self._kube_client = kube_client
-        self._own_client: AsyncClient | None = None
         self._tasks = TaskOwner("mps-control")
         self._keepers: dict[str, _Kept] = {}
         self._wanted: dict[str, MpsDaemon] = {}
-        self._inventory: Inventory | None = None
-        self._label_value: str | None = None
         self._lock = asyncio.Lock()
         self._recheck: asyncio.Task[Any] | None = None
         self.pod_resources = PodResourcesClient(options.source.kubelet_dir)
-        self._update_waiters: list[asyncio.Future[None]] = []
+        # Metrics and /status are `run`'s, in the same pod: here the reports are the log.
+        self.pipeline = NodePipeline(
+            options.source,
+            nvml=nvml,
+            consumer=self,
+            tasks=self._tasks,
+            reports=Reports(status=None, metrics=None),
+            kube_client=kube_client,
+        )
 
     # --- lifecycle ---------------------------------------------------------------------------
 
     async def start(self) -> None:
-        source = self.options.source
-        if self._kube_client is None and needs_api(source):
-            self._kube_client = self._own_client = api_client(source)
-        if source.node_name is not None and self._kube_client is not None:
-            watcher = NodeLabelWatcher(
-                source.node_name, label=source.config_label, client=self._kube_client
-            )
-            with contextlib.suppress(SharingPluginError, OSError, TimeoutError):
-                async with asyncio.timeout(5.0):
-                    self._label_value = await watcher.fetch()
-            self._tasks.spawn(watcher.run(self._on_label), name="node-label", eternal=True)
-        self.source = config_feed(
-            source,
-            self._kube_client,
-            label_value=lambda: self._label_value,
-            on_trouble=lambda text: log.warning("%s", text) if text else None,
-        )
-        await self._on_update(await self.source.start())
-        self._tasks.spawn(self._follow_config(), name="config", eternal=True)
+        await self.pipeline.connect()
+        await self.pipeline.start()
 
     async def close(self) -> None:
         """Stop supervising; the daemons keep running for the next `mps-control` to adopt."""
-        if self.source is not None:
-            self.source.stop()
+        await self.pipeline.close()
         await self._tasks.close()
         self._keepers.clear()
         await self.pod_resources.close()
-        if self._own_client is not None:
-            await self._own_client.close()
-            self._own_client = None
-
-    def _on_label(self, value: str | None) -> None:
-        if value != self._label_value:
-            self._label_value = value
-            if self.source is not None:
-                self.source.trigger("label changed")
-
-    # --- what tests and the entry read -------------------------------------------------------
+        await self.pipeline.close_client()
 
     @property
     def keepers(self) -> dict[str, DaemonKeeper]:
         return {name: kept.keeper for name, kept in self._keepers.items()}
 
-    async def next_update(self) -> None:
-        """Return once the next config update (good or rejected) has been handled."""
-        waiter = asyncio.get_running_loop().create_future()
-        self._update_waiters.append(waiter)
-        await waiter
+    # --- the pipeline's consumer ---------------------------------------------------------------
 
-    # --- config ------------------------------------------------------------------------------
+    def check(self, applied: Applied) -> None:
+        """Every plan's MPS daemons can be kept (their limits were checked by the plan)."""
 
-    async def _follow_config(self) -> None:
-        delay, limit = _FOLLOW_BACKOFF_S
-        while True:
-            try:
-                assert self.source is not None
-                async with contextlib.aclosing(self.source.updates()) as updates:
-                    async for update in updates:
-                        await self._on_update(update)
-                        delay = _FOLLOW_BACKOFF_S[0]
-                return
-            except Exception:
-                log.exception("following the config failed; watching again in %.1f s", delay)
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, limit)
+    async def apply(self, applied: Applied) -> Served:
+        async with self._lock:
+            self._wanted = {d.resource: d for d in applied.plan.mps}
+        await self._reconcile()
+        return Served(f"MPS daemons for {', '.join(self._wanted) or 'no resource'}")
 
-    async def _on_update(self, update: ConfigUpdate) -> None:
-        try:
-            wanted = await self._daemons_for(update)
-            if wanted is not None:
-                async with self._lock:
-                    self._wanted = wanted
-                await self._reconcile()
-        finally:
-            waiters, self._update_waiters = self._update_waiters, []
-            for waiter in waiters:
-                if not waiter.done():
-                    waiter.set_result(None)
-
-    async def _daemons_for(self, update: ConfigUpdate) -> dict[str, MpsDaemon] | None:
-        """The daemons the update's config wants; None when it is rejected (nothing changes)."""
-        if update.error is not None:
-            for line in str(update.error).splitlines():
-                log.error("config rejected (%s): %s", update.reason, line)
-            return None
-        config = update.loaded.config if update.loaded else Config()
-        try:
-            inventory = await self._inventory_for(config)
-            plan = plan_node(config, inventory, as_is=True).plan
-        except PlanError as exc:
-            for problem in exc.problems:
-                text = self.source.place(problem, update.name) if self.source else str(problem)
-                log.error("config rejected (%s): %s", update.reason, text)
-            return None
-        except NvmlError as exc:
-            log.error("cannot read the GPUs: %s", exc)
-            return None
-        log.info(
-            "config %s (%s): MPS daemons for %s",
-            update.name or (update.loaded.file if update.loaded else "<default>"),
-            update.reason,
-            ", ".join(d.resource for d in plan.mps) or "no resource",
-        )
-        return {d.resource: d for d in plan.mps}
-
-    async def _inventory_for(self, config: Config) -> Inventory:
-        if self._inventory is None:
-            self._inventory = await asyncio.to_thread(
-                discover, self.nvml, fail_on_init_error=config.flags.fail_on_init_error
-            )
-        return self._inventory
+    async def health_changed(self) -> None:
+        """GPU health is `run`'s to act on; the daemons are not touched."""
 
     # --- daemons -----------------------------------------------------------------------------
 

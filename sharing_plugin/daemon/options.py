@@ -1,4 +1,10 @@
-"""What `sharing-plugin run` was asked to do, resolved once from flags and env vars."""
+"""What the serving commands were asked to do, resolved once from flags and env vars.
+
+`SourceOptions` (where the config comes from, which GPUs, this node, the kubelet's directory) is
+one value shared by `run`, `run-dra` and `mps-control`, which all feed the same node pipeline.
+Each command's own options hold it and only what that command has: `run`'s node status and
+labels, `run-dra`'s driver name and CDI directory, `mps-control`'s control binary.
+"""
 
 from __future__ import annotations
 
@@ -11,28 +17,47 @@ from sharing_plugin.kubelet.grants import RECORD_WINDOW_S
 
 
 @dataclass(frozen=True, slots=True)
-class RunOptions:
-    """Everything `sharing-plugin run` takes, resolved from flags and env vars."""
+class SourceOptions:
+    """Where the config comes from and which GPUs it is planned on."""
 
     config_path: Path | None = None
     config_name: str | None = None
     config_map: tuple[str, str] | None = None  # (namespace, name), read through the API
+    config_label: str = DEFAULT_CONFIG_LABEL
     gpus: str = "nvml"
     kubelet_dir: Path = Path("/var/lib/kubelet")
     node_name: str | None = None
-    node_status: bool = True  # events, state label and annotation on the Node (with node_name)
+    # A config file that does not validate is reported once it has stayed so this long: an
+    # editor may be half-way through saving it.
+    config_error_settle_s: float = 0.1
+    rediscover_s: float = 5.0  # first look again for GPUs when NVML found none (doubling)
+
+    @property
+    def needs_api(self) -> bool:
+        """The node label (`node_name`) and the ConfigMap (`config_map`) are read from the API."""
+        return self.node_name is not None or self.config_map is not None
+
+
+@dataclass(frozen=True, slots=True)
+class NodeReportOptions:
+    """What `run` tells the Node and NFD about itself (with `--node-name` and credentials)."""
+
+    node_status: bool = True  # events, state label and annotation on the Node
     clear_labels_on_exit: bool = False
     labels_file: Path | None = None  # NFD local feature file for GFD-compatible labels
     node_labels: bool = False  # patch the same labels onto the Node
+
+
+@dataclass(frozen=True, slots=True)
+class RunOptions:
+    """Everything `sharing-plugin run` takes, resolved from flags and env vars."""
+
+    source: SourceOptions = field(default_factory=SourceOptions)
+    report: NodeReportOptions = field(default_factory=NodeReportOptions)
     metrics_address: tuple[str, int] | None = None
-    config_label: str = DEFAULT_CONFIG_LABEL
     drain_recheck_s: float = 2.0  # how often PodResources is asked while devices drain
     # How long an Allocate grant counts as held when PodResources does not list it (see
     # kubelet/grants.py).
     grant_window_s: float = RECORD_WINDOW_S
-    # A config file that does not validate is reported once it has stayed so this long: an
-    # editor may be half-way through saving it.
-    config_error_settle_s: float = 0.1
-    rediscover_s: float = 5.0  # first look again for GPUs when NVML did not start (doubling)
     # The reference's DP_*_HEALTHCHECKS variables, parsed once by the entry point.
     health_env: HealthEnv = field(default_factory=HealthEnv)

@@ -1,22 +1,83 @@
-"""What the daemon tells the Node about itself (`--node-status on`), decided here as values.
+"""Where the node pipeline tells what happened: logs, /status, metrics, and the Node.
 
-The daemon calls these at the points that matter to an admin: a config applied or rejected,
-a GPU's MIG layout pending or applied, a GPU turning Unhealthy or recovering. This module turns
-them into Node events and the config-state label; the reporter writes them in the background.
-Without node status (no `--node-name`, `--node-status off`, no credentials) it does nothing.
+The pipeline reports at the points that matter to an admin: a config applied or rejected, a
+GPU's MIG layout pending or applied, a GPU turning Unhealthy or recovering, the API refusing or
+answering again. `Reports` turns each into its log lines, the `/status` fields, the reload
+metrics and, with node status on, Node events and the config-state label (`NodeReport`), which
+a reporter writes in the background. Each part is optional: `mps-control` serves no /status,
+`run-dra` files no Node events. Without node status (no `--node-name`, `--node-status off`, no
+credentials) the Node part does nothing.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
+from sharing_plugin.daemon.outcome import Applied, Rejected
 from sharing_plugin.gpus.inventory import Inventory
 from sharing_plugin.mig.state import GpuMigState, MigState
+from sharing_plugin.observability.metrics import Metrics
+from sharing_plugin.observability.status import StatusBoard
 from sharing_plugin.plan.model import Plan
 
 if TYPE_CHECKING:
     from sharing_plugin.observability.nodestatus import NodeStatusReporter, State
+
+log = logging.getLogger(__name__)
+
+
+class Reports:
+    """The pipeline's reports (see the module doc); `node` is set once the API client is known."""
+
+    def __init__(self, *, status: StatusBoard | None, metrics: Metrics | None) -> None:
+        self.status = status
+        self.metrics = metrics
+        self.node = NodeReport(None)
+        self._api_trouble: str | None = None
+
+    def applied(self, applied: Applied) -> None:
+        """A config was read and applied (not a re-apply: that is no reload)."""
+        name, hash_, generation = applied.name, applied.source_hash, applied.generation
+        if self.status is not None:
+            self.status.set_config(name=name, hash=hash_, generation=generation)
+        if self.metrics is not None:
+            self.metrics.count_reload(True)
+            self.metrics.set_config(name=name, hash_=hash_, generation=generation)
+        self.node.applied(name=name, hash_=hash_, generation=generation, plan=applied.plan)
+
+    def rejected(self, rejected: Rejected, *, kept: int | None) -> None:
+        """An update changed nothing; `kept` is the generation still serving (None: none)."""
+        lines = rejected.lines()
+        what = "config rejected" if rejected.config_fault else "cannot apply config"
+        fields = {"reason": rejected.trigger.value}
+        for line in lines:
+            log.error("%s (%s): %s", what, rejected.trigger.value, line, extra=fields)
+        if kept is not None:
+            log.error(
+                "keeping the last good config (generation %d)",
+                kept,
+                extra={**fields, "generation": kept},
+            )
+        if self.status is not None:
+            self.status.set_error("; ".join(lines))
+        if self.metrics is not None:
+            self.metrics.count_reload(False)
+        self.node.rejected(lines[0])
+
+    def api_trouble(self, text: str | None) -> None:
+        """API trouble (credentials refused, server away) shows in /status until it is over;
+        the end of it clears only its own message, never a rejected config's."""
+        previous, self._api_trouble = self._api_trouble, text
+        if self.status is None:
+            if text is not None:
+                log.warning("%s", text)
+            return
+        if text is not None:
+            self.status.set_error(text)
+        elif previous is not None and self.status.last_error == previous:
+            self.status.set_error(None)
 
 
 class NodeReport:

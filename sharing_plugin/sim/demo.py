@@ -15,9 +15,11 @@ import tempfile
 from collections.abc import Callable
 from importlib import resources
 from pathlib import Path
+from typing import Any
 
 from sharing_plugin.daemon.app import Daemon
-from sharing_plugin.daemon.options import RunOptions
+from sharing_plugin.daemon.options import RunOptions, SourceOptions
+from sharing_plugin.daemon.outcome import Rejected
 from sharing_plugin.sim.kubelet.simulator import KubeletSimulator
 from sharing_plugin.sim.nvml.simulated import SimulatedNvml
 
@@ -88,7 +90,9 @@ async def run_demo(*, once: bool, say: Print = print, workdir: Path | None = Non
         say(f"Simulated node: {DEMO_PRESET} (8 x NVIDIA A100-SXM4-80GB)")
         say(f"Config file:    {config_path}")
         options = RunOptions(
-            config_path=config_path, gpus=f"simulated:{DEMO_PRESET}", kubelet_dir=kubelet_dir
+            source=SourceOptions(
+                config_path=config_path, gpus=f"simulated:{DEMO_PRESET}", kubelet_dir=kubelet_dir
+            )
         )
         async with (
             KubeletSimulator(kubelet_dir) as kubelet,
@@ -114,18 +118,23 @@ async def run_demo(*, once: bool, say: Print = print, workdir: Path | None = Non
 async def _follow(kubelet: KubeletSimulator, daemon: Daemon, say: Print) -> None:
     shown = _snapshot(kubelet)
     stopped = asyncio.ensure_future(daemon.wait_stopped())
-    waits: list[asyncio.Future[None]] = [stopped]
+    waits: list[asyncio.Future[Any]] = [stopped]
+    outcomes = daemon.pipeline.outcomes()
     try:
         while not stopped.done():
             node = asyncio.ensure_future(kubelet.wait_for(_differs(kubelet, shown), timeout=3600))
-            update = asyncio.ensure_future(daemon.next_update())
-            waits = [stopped, node, update]
+            outcome = asyncio.ensure_future(outcomes.next(timeout=3600))
+            waits = [stopped, node, outcome]
             await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
-            handled = update.done() and not update.cancelled()
-            for pending in (node, update):
+            rejected = (
+                outcome.done()
+                and not outcome.cancelled()
+                and isinstance(outcome.result(), Rejected)
+            )
+            for pending in (node, outcome):
                 pending.cancel()
-            await asyncio.gather(node, update, return_exceptions=True)
-            if handled and daemon.status.last_error:
+            await asyncio.gather(node, outcome, return_exceptions=True)
+            if rejected and daemon.status.last_error:
                 say(f"config rejected, the last good one keeps serving: {daemon.status.last_error}")
             if _snapshot(kubelet) != shown:
                 shown = _snapshot(kubelet)
@@ -133,6 +142,7 @@ async def _follow(kubelet: KubeletSimulator, daemon: Daemon, say: Print) -> None
                 for line in _node_view(kubelet):
                     say(line)
     finally:
+        outcomes.close()
         for wait in waits:
             wait.cancel()
         await asyncio.gather(*waits, return_exceptions=True)

@@ -22,13 +22,14 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncGenerator, Callable, Mapping
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from sharing_plugin.config.loader import NamedConfigs, parse_config, select
-from sharing_plugin.config.locate import locate
 from sharing_plugin.errors import ConfigError, KubeApiError, Problem
-from sharing_plugin.sources.filewatch import ConfigSource, ConfigUpdate, fingerprint
+from sharing_plugin.sources.filewatch import ConfigSource
 from sharing_plugin.sources.kube import WATCH_TIMEOUT_S, ObjectFollower, ObjectRef
+from sharing_plugin.sources.update import ConfigUpdate, Trigger, fingerprint
 
 if TYPE_CHECKING:
     from lightkube import AsyncClient
@@ -86,7 +87,7 @@ class ApiConfigSource:
         self._mounted: ConfigUpdate | None = None  # the mounted copy's last outcome
         self.trouble: str | None = None  # the API's current problem, for /status
         self._wake = asyncio.Event()
-        self._reasons: list[str] = []
+        self._triggers: list[Trigger] = []
         self._last: tuple[object, ...] | None = None
         self._stop = asyncio.Event()
 
@@ -105,37 +106,25 @@ class ApiConfigSource:
             if self._fallback is not None:
                 log.warning("ConfigMap %s: %s; starting from the mounted copy", self.label, exc)
                 self._serving_mounted = True
-                self._mounted = self._fallback.read("start (API unreachable)")
+                self._mounted = self._fallback.read(Trigger.START_API_UNREACHABLE)
                 return self._remember(self._mounted)
             log.warning("ConfigMap %s: %s", self.label, self.trouble)
             error = ConfigError([Problem("", f"ConfigMap {self.label}: {self.trouble}")])
             # Nothing to serve until the API answers: the watch brings the first copy.
             self._api_ok = False
-            return self._remember(ConfigUpdate(None, None, error, "start"))
+            return self._remember(ConfigUpdate(None, None, error, Trigger.START))
         self._api_ok = True
         self._take(obj)
-        return self._remember(self._read("start"))
+        return self._remember(self._read(Trigger.START))
 
-    def trigger(self, reason: str) -> None:
+    def trigger(self, trigger: Trigger) -> None:
         """Select again now (SIGHUP, node label change); reported even if nothing changed."""
-        self._reasons.append(reason)
+        self._triggers.append(trigger)
         self._wake.set()
 
     def stop(self) -> None:
         self._stop.set()
         self._wake.set()
-
-    def place(self, problem: Problem, config_name: str | None) -> str:
-        """A plan problem at the ConfigMap key and line it is about, as validate prints it."""
-        if self._serving_mounted and self._fallback is not None:
-            return self._fallback.place(problem, config_name)
-        if problem.file is not None:
-            return str(problem)
-        text = (self._data or {}).get(config_name or "", "")
-        where = locate(problem.path, text) if problem.path else None
-        at = f":{where[0]}:{where[1]}" if where else ""
-        inner = f"{problem.path}: " if problem.path else ""
-        return f"{self.label}[{config_name}]{at}: {inner}{problem.message}"
 
     async def updates(self) -> AsyncGenerator[ConfigUpdate, None]:
         """Every new outcome until `stop()`: API edits, label changes, and the mounted copy's
@@ -149,11 +138,11 @@ class ApiConfigSource:
                 self._wake.clear()
                 if self._stop.is_set():
                     return
-                reasons, self._reasons = self._reasons, []
-                if not reasons:
+                triggers, self._triggers = self._triggers, []
+                if not triggers:
                     continue
-                update = self._read(reasons[-1])
-                forced = any(r not in (_API_CHANGED, _MOUNT_CHANGED) for r in reasons)
+                update = self._read(triggers[-1])
+                forced = any(t.forced for t in triggers)
                 if not forced and fingerprint(update) == self._last:
                     continue
                 yield self._remember(update)
@@ -175,7 +164,7 @@ class ApiConfigSource:
         if self._serving_mounted:
             log.info("ConfigMap %s: the API answers again; serving its copy", self.label)
         self._serving_mounted = False
-        self._reasons.append(_API_CHANGED)
+        self._triggers.append(Trigger.CONFIGMAP_CHANGED)
         self._wake.set()
 
     def _api_trouble(self, text: str | None) -> None:
@@ -204,23 +193,23 @@ class ApiConfigSource:
                         self.label,
                     )
                 self._serving_mounted = True
-                self._reasons.append(_MOUNT_CHANGED)
+                self._triggers.append(Trigger.MOUNT_CHANGED)
                 self._wake.set()
 
-    def _read(self, reason: str) -> ConfigUpdate:
+    def _read(self, trigger: Trigger) -> ConfigUpdate:
         if self._serving_mounted and self._fallback is not None:
-            if reason in (_API_CHANGED, _MOUNT_CHANGED) and self._mounted is not None:
-                return _with_reason(self._mounted, "mounted copy changed")
-            return self._fallback.read(reason)
+            if not trigger.forced and self._mounted is not None:
+                return replace(self._mounted, trigger=Trigger.MOUNT_CHANGED)
+            return self._fallback.read(trigger)
         if not self._exists:
             problem = Problem("", f"ConfigMap {self.label} does not exist")
-            return ConfigUpdate(None, None, ConfigError([problem]), reason)
+            return ConfigUpdate(None, None, ConfigError([problem]), trigger)
         try:
             configs = self._parse(self._data or {})
             name, loaded = select(configs, self._label_value(), self._requested_name)
         except ConfigError as exc:
-            return ConfigUpdate(None, None, exc, reason)
-        return ConfigUpdate(name, loaded, None, reason)
+            return ConfigUpdate(None, None, exc, trigger)
+        return ConfigUpdate(name, loaded, None, trigger)
 
     def _parse(self, data: Mapping[str, str]) -> NamedConfigs:
         configs: NamedConfigs = {}
@@ -239,11 +228,3 @@ class ApiConfigSource:
     def _remember(self, update: ConfigUpdate) -> ConfigUpdate:
         self._last = fingerprint(update)
         return update
-
-
-_API_CHANGED = "ConfigMap changed"
-_MOUNT_CHANGED = "mounted copy changed"
-
-
-def _with_reason(update: ConfigUpdate, reason: str) -> ConfigUpdate:
-    return ConfigUpdate(update.name, update.loaded, update.error, reason)

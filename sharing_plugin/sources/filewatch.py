@@ -24,41 +24,18 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncGenerator, Callable
-from dataclasses import dataclass
 from pathlib import Path
 
-from sharing_plugin.config.loader import LoadedConfig, select
+from sharing_plugin.config.loader import select
 from sharing_plugin.errors import ConfigError, Problem
 from sharing_plugin.fswatch import DirectoryGone, DirectoryWatch
-from sharing_plugin.sources.files import load_configs, problem_line
+from sharing_plugin.sources.files import load_configs
+from sharing_plugin.sources.update import ConfigUpdate, Trigger, fingerprint
 
 log = logging.getLogger(__name__)
 
 _RETRY_MIN_S = 0.2
 _RETRY_MAX_S = 10.0
-
-
-@dataclass(frozen=True)
-class ConfigUpdate:
-    """One outcome of (re)reading the config.
-
-    `loaded` is None only when no config path was given (the default config applies); `error`
-    is set when reading, validating or selecting failed, and the consumer keeps its last good
-    config.
-    """
-
-    name: str | None
-    loaded: LoadedConfig | None
-    error: ConfigError | None
-    reason: str
-
-
-def fingerprint(update: ConfigUpdate) -> tuple[object, ...]:
-    if update.error is not None:
-        return ("error", str(update.error))
-    if update.loaded is None:
-        return ("default",)
-    return ("config", update.name, update.loaded.source_hash, update.loaded.file)
 
 
 class ConfigSource:
@@ -81,44 +58,39 @@ class ConfigSource:
         self._stop = asyncio.Event()
         self._wake = asyncio.Event()
         self._dirty = False
-        self._triggers: list[str] = []
+        self._triggers: list[Trigger] = []
         self._last: tuple[object, ...] | None = None
 
     @property
     def path(self) -> Path | None:
         return self._path
 
-    def read(self, reason: str = "start") -> ConfigUpdate:
+    def read(self, trigger: Trigger = Trigger.START) -> ConfigUpdate:
         """Read, validate and select now (start-up, `plan`); remembered as the latest outcome."""
-        update = self._read(reason)
+        update = self._read(trigger)
         self._last = fingerprint(update)
         return update
 
-    def _read(self, reason: str) -> ConfigUpdate:
+    def _read(self, trigger: Trigger) -> ConfigUpdate:
         if self._path is None:
-            return ConfigUpdate(None, None, None, reason)
+            return ConfigUpdate(None, None, None, trigger)
         try:
             configs = load_configs(self._path)
             name, loaded = select(configs, self._label_value(), self._requested_name)
         except ConfigError as exc:
-            return ConfigUpdate(None, None, exc, reason)
+            return ConfigUpdate(None, None, exc, trigger)
         except OSError as exc:  # a path that changed under us mid-read: report, keep watching
             where = Problem(path="", message=f"cannot read: {exc}", file=str(self._path))
-            return ConfigUpdate(None, None, ConfigError([where]), reason)
-        return ConfigUpdate(name, loaded, None, reason)
+            return ConfigUpdate(None, None, ConfigError([where]), trigger)
+        return ConfigUpdate(name, loaded, None, trigger)
 
     async def start(self) -> ConfigUpdate:
         """The config to start with (the same as `read`, for sources that must ask a server)."""
-        return self.read("start")
+        return self.read(Trigger.START)
 
-    def place(self, problem: Problem, config_name: str | None) -> str:
-        """A plan problem at the line of the file the admin edits, as `validate` prints it."""
-        file = str(self._path) if self._path is not None else ""
-        return problem_line(problem, file=file, config_name=config_name)
-
-    def trigger(self, reason: str) -> None:
+    def trigger(self, trigger: Trigger) -> None:
         """Force a re-read (SIGHUP, label change); it is reported even if nothing changed."""
-        self._triggers.append(reason)
+        self._triggers.append(trigger)
         self._wake.set()
 
     def stop(self) -> None:
@@ -147,8 +119,7 @@ class ConfigSource:
                 changed, self._dirty = self._dirty, False
                 if not triggers and not changed:
                     continue
-                reason = triggers[-1] if triggers else "file changed"
-                update = self._read(reason)
+                update = self._read(triggers[-1] if triggers else Trigger.FILE_CHANGED)
                 if update.error is not None and not triggers and await self._settling():
                     continue
                 seen = fingerprint(update)

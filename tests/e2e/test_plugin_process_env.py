@@ -5,13 +5,13 @@ from __future__ import annotations
 import pytest
 from plugin_process import RUN_ENV_VARS, child_env
 
-from sharing_plugin.cli.run import RUN_FLAGS, SOURCE_FLAGS
+from sharing_plugin.cli.run import FLAGS
 
 
 def test_every_env_var_run_reads_is_cleared_for_the_child(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    read = {env for _, env, _, _ in (*SOURCE_FLAGS, *RUN_FLAGS)}
+    read = {env for _, env, _, _ in FLAGS}
     read |= {"KUBECONFIG", "DP_DISABLE_HEALTHCHECKS", "DP_ENABLE_HEALTHCHECKS"}
     assert read <= set(RUN_ENV_VARS), f"not cleared: {sorted(read - set(RUN_ENV_VARS))}"
     for name in read:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +13,7 @@ import yaml_fast
 
 from sharing_plugin.backends import backend_from_spec
 from sharing_plugin.daemon.app import Daemon
-from sharing_plugin.daemon.options import RunOptions
+from sharing_plugin.daemon.options import NodeReportOptions, RunOptions, SourceOptions
 from sharing_plugin.sim.kubelet.simulator import KubeletSimulator
 
 
@@ -23,6 +23,27 @@ async def eventually(predicate: Callable[[], bool], within: float = 5.0) -> None
     async with asyncio.timeout(within):
         while not predicate():  # noqa: ASYNC110 -- the daemon's state has no event to wait on
             await asyncio.sleep(0.01)
+
+
+_SOURCE_FIELDS = frozenset(f.name for f in fields(SourceOptions))
+_REPORT_FIELDS = frozenset(f.name for f in fields(NodeReportOptions))
+
+
+def run_options(**flat: Any) -> RunOptions:
+    """`RunOptions` from one flat set of keywords, each put in the part of the options it
+    belongs to (`config_path=`, `node_name=` are the source's; `node_status=` the report's)."""
+    source = {k: flat.pop(k) for k in list(flat) if k in _SOURCE_FIELDS}
+    report = {k: flat.pop(k) for k in list(flat) if k in _REPORT_FIELDS}
+    return RunOptions(source=SourceOptions(**source), report=NodeReportOptions(**report), **flat)
+
+
+def flat_options(options: RunOptions) -> dict[str, Any]:
+    """The keywords `run_options` takes to make `options` again."""
+    flat = {f.name: getattr(options, f.name) for f in fields(options)}
+    for part in ("source", "report"):
+        nested = flat.pop(part)
+        flat.update({f.name: getattr(nested, f.name) for f in fields(nested)})
+    return flat
 
 
 def node_file(root: Path, description: dict[str, Any]) -> Path:
@@ -90,12 +111,11 @@ async def running(
     if config_text is not None:
         config.write_text(config_text, encoding="utf-8")
     nvml = backend_from_spec(gpus)
-    opts = RunOptions(
+    opts = run_options(
         config_path=config if (config_text is not None or config_path) else None,
         gpus=gpus,
         kubelet_dir=root,
-        drain_recheck_s=0.05,
-        **options,
+        **{"drain_recheck_s": 0.05, **options},
     )
     async with (
         KubeletSimulator(root, grace_period=0.2, dial_timeout=2.0) as kubelet,

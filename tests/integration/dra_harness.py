@@ -14,7 +14,7 @@ from kube_api import FakeKubeApi, Permissions
 
 from sharing_plugin.backends import backend_from_spec
 from sharing_plugin.daemon.dra import DraDaemon, DraOptions
-from sharing_plugin.daemon.options import RunOptions
+from sharing_plugin.daemon.options import SourceOptions
 from sharing_plugin.dra.claims import ClaimRef
 from sharing_plugin.plan.dra import PublishedDevice, device_class, device_class_name
 from sharing_plugin.sim.dra.allocator import allocate, allocated_devices
@@ -155,7 +155,7 @@ async def dra_running(
                     server.delete_dra_object("resourceslices", s["metadata"]["name"])
 
         opts = DraOptions(
-            run=RunOptions(config_path=config, gpus=gpus, kubelet_dir=root, node_name=NODE),
+            source=SourceOptions(config_path=config, gpus=gpus, kubelet_dir=root, node_name=NODE),
             driver_name=DRIVER,
             cdi_dir=root / "cdi",
             publish_backoff_s=(0.05, 0.5),

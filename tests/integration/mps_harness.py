@@ -18,7 +18,7 @@ from typing import Any
 from sharing_plugin.backends import backend_from_spec
 from sharing_plugin.daemon.mps import MpsController, MpsControlOptions
 from sharing_plugin.daemon.mps_keeper import KeeperTiming
-from sharing_plugin.daemon.options import RunOptions
+from sharing_plugin.daemon.options import SourceOptions
 from sharing_plugin.mps import ControlBinary, DaemonRecord, read_record
 from sharing_plugin.sim.mps import alive, pid_of
 
@@ -115,7 +115,9 @@ async def controller(
     timing: KeeperTiming = FAST,
 ) -> AsyncIterator[MpsController]:
     options = MpsControlOptions(
-        source=RunOptions(config_path=config, gpus=gpus, kubelet_dir=kubelet_dir or config.parent),
+        source=SourceOptions(
+            config_path=config, gpus=gpus, kubelet_dir=kubelet_dir or config.parent
+        ),
         control_bin=str(binary),
         timing=timing,
         recheck_s=0.05,

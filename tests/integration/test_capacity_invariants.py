@@ -35,14 +35,13 @@ from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any, TypeVar
 
-from daemon_harness import append_fault, eventually, node_file
+from daemon_harness import append_fault, eventually, node_file, run_options
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from sharing_plugin.backends import backend_from_spec
 from sharing_plugin.daemon.app import Daemon
-from sharing_plugin.daemon.options import RunOptions
 from sharing_plugin.nvml.discover import discover
 from sharing_plugin.sim.kubelet.simulator import AdmissionError, KubeletSimulator
 
@@ -117,7 +116,7 @@ class CapacityMachine(RuleBasedStateMachine):
         await self._start_plugin()
 
     async def _start_plugin(self) -> None:
-        options = RunOptions(
+        options = run_options(
             config_path=self.config, gpus=self.gpus, kubelet_dir=self.root, drain_recheck_s=0.05
         )
         self.daemon = Daemon(options, nvml=backend_from_spec(self.gpus))
@@ -142,16 +141,18 @@ class CapacityMachine(RuleBasedStateMachine):
         if text == self.written:
             return  # the source reports changes only: nothing would come
         self.written = text
-        update = asyncio.ensure_future(self.d.next_update())
-        await asyncio.sleep(0)  # registered before the write can be seen
-        write(self.config, text)
-        done, _ = await asyncio.wait({update}, timeout=UPDATE_S)
-        if not done:
-            # The file watch missed the write (a lost inotify event, not what this test is
-            # about): SIGHUP makes the daemon read the file again.
-            log.warning("config write not seen within %.1f s: reloading as SIGHUP does", UPDATE_S)
-            self.d.request_reload()
-        await update
+        with self.d.pipeline.outcomes() as outcomes:  # subscribed before the write is seen
+            write(self.config, text)
+            try:
+                await outcomes.next(UPDATE_S)
+            except TimeoutError:
+                # The file watch missed the write (a lost inotify event, not what this test
+                # is about): SIGHUP makes the daemon read the file again.
+                log.warning(
+                    "config write not seen within %.1f s: reloading as SIGHUP does", UPDATE_S
+                )
+                self.d.request_reload()
+                await outcomes.next()
 
     async def _reload(self, replicas: int, rename: bool) -> None:
         await self._write_and_wait(config_text(replicas, rename))
@@ -218,7 +219,7 @@ class CapacityMachine(RuleBasedStateMachine):
         # 3: the last good config plus draining.
         replicas, _ = self.good
         name = self.resource()
-        health = d.health
+        health = d.pipeline.health
         expected = {
             (uuid if replicas == 1 else f"{uuid}::{n}"): health.get(uuid, True)
             for uuid in self.uuids
@@ -296,12 +297,12 @@ class CapacityMachine(RuleBasedStateMachine):
     @rule(gpu=st.integers(0, GPUS - 1))
     def xid(self, gpu: int) -> None:
         async def step() -> None:
-            monitor = self.d.health_monitor
+            monitor = self.d.pipeline.health_monitor
             assert monitor is not None
             await asyncio.wait_for(monitor.watching.wait(), 2.0)
-            if self.d.health.get(self.uuids[gpu], True):
+            if self.d.pipeline.health.get(self.uuids[gpu], True):
                 append_fault(self.node, {"gpu": gpu, "xid": 79})
-                await eventually(lambda: self.d.health.get(self.uuids[gpu]) is False, 2.0)
+                await eventually(lambda: self.d.pipeline.health.get(self.uuids[gpu]) is False, 2.0)
             await self._settle()
 
         self.run(step())
@@ -411,7 +412,7 @@ class CapacityMachine(RuleBasedStateMachine):
             problems = self.violations()
             raise AssertionError(f"final state is not the last good config: {problems}") from None
         assert self.k.allocatable(self.resource()) == sum(
-            self.good[0] for uuid in self.uuids if self.d.health.get(uuid, True)
+            self.good[0] for uuid in self.uuids if self.d.pipeline.health.get(uuid, True)
         )
 
     async def _stop(self) -> None:

@@ -14,11 +14,10 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 
 import pytest
-from daemon_harness import Running, eventually, running
+from daemon_harness import Running, eventually, run_options, running
 
 from sharing_plugin.backends import backend_from_spec
 from sharing_plugin.daemon.app import Daemon
-from sharing_plugin.daemon.options import RunOptions
 from sharing_plugin.sim.kubelet.simulator import AdmissionError, KubeletSimulator
 
 GPU = "nvidia.com/gpu"
@@ -149,7 +148,7 @@ async def test_draining_devices_stay_while_pod_resources_cannot_answer(
 @asynccontextmanager
 async def plugin(root: Path, config: Path) -> AsyncIterator[Daemon]:
     gpus = "simulated:dgx-a100-80gb"
-    options = RunOptions(config_path=config, gpus=gpus, kubelet_dir=root, drain_recheck_s=0.05)
+    options = run_options(config_path=config, gpus=gpus, kubelet_dir=root, drain_recheck_s=0.05)
     async with Daemon(options, nvml=backend_from_spec(gpus)) as daemon:
         yield daemon
 

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 from k8s_fake import ConfigMapVolume
 
-from sharing_plugin.sources.filewatch import ConfigSource, ConfigUpdate
+from sharing_plugin.sources.filewatch import ConfigSource
+from sharing_plugin.sources.update import ConfigUpdate, Trigger
 
 
 def config(replicas: int, name: str = "nvidia.com/gpu") -> str:
@@ -68,7 +69,12 @@ async def watching(source: ConfigSource) -> AsyncIterator[Updates]:
 
 def test_no_path_means_default_config() -> None:
     update = ConfigSource(None).read()
-    assert (update.name, update.loaded, update.error, update.reason) == (None, None, None, "start")
+    assert (update.name, update.loaded, update.error, update.trigger) == (
+        None,
+        None,
+        None,
+        Trigger.START,
+    )
 
 
 async def test_file_edit_yields_new_config(tmp_path: Path) -> None:
@@ -81,7 +87,7 @@ async def test_file_edit_yields_new_config(tmp_path: Path) -> None:
         file.write_text(config(5))
         update = await updates.next()
         assert replicas(update) == 5
-        assert update.reason == "file changed"
+        assert update.trigger is Trigger.FILE_CHANGED
         assert update.loaded is not None and update.loaded.file == str(file)
 
 
@@ -213,28 +219,28 @@ async def test_trigger_rereads_with_new_label(tmp_path: Path) -> None:
     assert source.read().name == "default"
     async with watching(source) as updates:
         label[0] = "big"
-        source.trigger("label changed")
+        source.trigger(Trigger.LABEL_CHANGED)
         update = await updates.next()
-        assert (update.name, update.reason, replicas(update)) == ("big", "label changed", 8)
+        assert (update.name, update.trigger, replicas(update)) == ("big", Trigger.LABEL_CHANGED, 8)
         label[0] = "nope"
-        source.trigger("label changed")
+        source.trigger(Trigger.LABEL_CHANGED)
         update = await updates.next()
         assert update.error is not None
         assert "unknown config name 'nope'" in str(update.error)
         assert "default, big" in str(update.error) or "big, default" in str(update.error)
-        source.trigger("SIGHUP")  # reported even though nothing changed
-        assert (await updates.next()).reason == "SIGHUP"
+        source.trigger(Trigger.SIGHUP)  # reported even though nothing changed
+        assert (await updates.next()).trigger is Trigger.SIGHUP
 
 
-@pytest.mark.parametrize("reason", ["SIGHUP"])
-async def test_stop_ends_updates_promptly(tmp_path: Path, reason: str) -> None:
+@pytest.mark.parametrize("trigger", [Trigger.SIGHUP, Trigger.LABEL_CHANGED])
+async def test_stop_ends_updates_promptly(tmp_path: Path, trigger: Trigger) -> None:
     file = tmp_path / "config.yaml"
     file.write_text(config(2))
     source = ConfigSource(file)
     source.read()
     updates = Updates(source)
-    source.trigger(reason)
-    assert (await updates.next()).reason == reason
+    source.trigger(trigger)
+    assert (await updates.next()).trigger is trigger
     loop = asyncio.get_running_loop()
     started = loop.time()
     source.stop()

@@ -6,11 +6,10 @@ import json
 from pathlib import Path
 
 import pytest
-from daemon_harness import eventually, running
+from daemon_harness import eventually, run_options, running
 
 from sharing_plugin.backends import backend_from_spec
 from sharing_plugin.daemon.app import Daemon
-from sharing_plugin.daemon.options import RunOptions
 from sharing_plugin.nvml.discover import discover
 from sharing_plugin.plan import plan
 from sharing_plugin.sim.kubelet.simulator import KubeletSimulator
@@ -77,8 +76,8 @@ async def test_plugin_started_before_kubelet_registers_once_kubelet_appears(
 ) -> None:
     config = short_dir / "config.yaml"
     config.write_text(TIME_SLICING)
-    options = RunOptions(config_path=config, gpus="simulated:t4x4", kubelet_dir=short_dir)
-    async with Daemon(options, nvml=backend_from_spec(options.gpus)) as daemon:
+    options = run_options(config_path=config, gpus="simulated:t4x4", kubelet_dir=short_dir)
+    async with Daemon(options, nvml=backend_from_spec(options.source.gpus)) as daemon:
         assert not daemon.status.ready
         async with KubeletSimulator(short_dir, grace_period=0.2) as kubelet:
             await kubelet.wait_for(lambda: kubelet.capacity("nvidia.com/gpu") == 8, timeout=10)
@@ -127,7 +126,7 @@ async def test_gpus_that_appear_later_are_served_without_failon_init_error(
     nvml.set_driver_loaded(False)
     config = short_dir / "config.yaml"
     config.write_text(TIME_SLICING + "flags:\n  failOnInitError: false\n")
-    options = RunOptions(
+    options = run_options(
         config_path=config, gpus="simulated:t4x4", kubelet_dir=short_dir, rediscover_s=0.05
     )
     async with (
@@ -140,4 +139,4 @@ async def test_gpus_that_appear_later_are_served_without_failon_init_error(
         await kubelet.wait_for(lambda: kubelet.allocatable("nvidia.com/gpu") == 8, timeout=5)
         status = daemon.status.to_json()
         assert status["config"]["generation"] == 1 and status["lastError"] is None
-        await eventually(lambda: daemon.health_monitor is not None)  # GPUs to watch now
+        await eventually(lambda: daemon.pipeline.health_monitor is not None)  # GPUs to watch now

@@ -68,8 +68,9 @@ async def test_label_selects_config_at_start_and_on_change(short_dir: Path) -> N
 async def test_label_naming_an_unknown_config_keeps_the_previous_one(short_dir: Path) -> None:
     async with labelled_big(short_dir) as (_, api, run):
         await api.wait_watches(1)
-        api.set_node_label(NODE, LABEL, "huge")
-        await run.daemon.next_update()
+        with run.daemon.pipeline.outcomes() as outcomes:
+            api.set_node_label(NODE, LABEL, "huge")
+            await outcomes.rejected()
         error = run.daemon.status.last_error
         assert error is not None and "huge" in error and "big" in error
         assert run.capacity() == {GPU: 64}
@@ -77,8 +78,9 @@ async def test_label_naming_an_unknown_config_keeps_the_previous_one(short_dir: 
 
 async def test_removing_the_selected_key_keeps_the_previous_config(short_dir: Path) -> None:
     async with labelled_big(short_dir) as (volume, _, run):
-        volume.update({"default": sliced(2)})
-        await run.daemon.next_update()
+        with run.daemon.pipeline.outcomes() as outcomes:
+            volume.update({"default": sliced(2)})
+            await outcomes.rejected()
         error = run.daemon.status.last_error
         assert error is not None and "big" in error and "default" in error
         assert run.capacity() == {GPU: 64}

@@ -45,7 +45,7 @@ def backed_by(run: Running, index: int) -> set[str]:
 
 
 async def watching(run: Running) -> None:
-    monitor = run.daemon.health_monitor
+    monitor = run.daemon.pipeline.health_monitor
     assert monitor is not None
     await asyncio.wait_for(monitor.watching.wait(), 2)
 
@@ -61,7 +61,7 @@ async def test_a_double_bit_ecc_error_drops_exactly_that_gpus_devices(short_dir:
         run.nvml.inject_ecc(2, "double")
         await run.kubelet.wait_for(lambda: unhealthy(run) == expected, timeout=1.0)
         assert run.allocatable() == {GPU: 6}
-        assert not run.daemon.health[run.nvml.gpus[2].uuid]
+        assert not run.daemon.pipeline.health[run.nvml.gpus[2].uuid]
         # The node file's `{gpu, ecc: double}` entry takes the same path.
         expected |= backed_by(run, 0)
         append_fault(node, {"gpu": 0, "ecc": "double"})
@@ -77,7 +77,7 @@ async def test_a_single_bit_ecc_error_changes_nothing(short_dir: Path) -> None:
         run.nvml.inject_xid(3, 79)  # handled after the single-bit error
         expected = backed_by(run, 3)
         await run.kubelet.wait_for(lambda: unhealthy(run) == expected, timeout=1.0)
-        assert run.daemon.health[run.nvml.gpus[1].uuid]
+        assert run.daemon.pipeline.health[run.nvml.gpus[1].uuid]
         assert run.allocatable() == {GPU: 6}
         # Counted, though it changes nothing.
         gpu1 = run.nvml.gpus[1].uuid
@@ -97,7 +97,7 @@ async def test_event_types_without_double_bit_ecc_leave_it_unwatched(short_dir: 
         expected = backed_by(run, 3)
         await run.kubelet.wait_for(lambda: unhealthy(run) == expected, timeout=1.0)
         assert run.allocatable() == {GPU: 6}
-        assert run.daemon.health[run.nvml.gpus[2].uuid]
+        assert run.daemon.pipeline.health[run.nvml.gpus[2].uuid]
 
 
 async def test_event_types_without_xids_leave_xids_unwatched(short_dir: Path) -> None:
@@ -109,4 +109,4 @@ async def test_event_types_without_xids_leave_xids_unwatched(short_dir: Path) ->
         run.nvml.inject_ecc(3, "double")
         expected = backed_by(run, 3)
         await run.kubelet.wait_for(lambda: unhealthy(run) == expected, timeout=1.0)
-        assert run.daemon.health[run.nvml.gpus[2].uuid]
+        assert run.daemon.pipeline.health[run.nvml.gpus[2].uuid]

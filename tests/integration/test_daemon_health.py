@@ -113,7 +113,7 @@ def gpu_uuid(run: Running, index: int) -> str:
 async def health_watch(run: Running) -> None:
     """Wait until the daemon's Xid watch is registered: an Xid from before has no event set
     to land in and is lost, as with NVML (the simulator drops it the same way)."""
-    monitor = run.daemon.health_monitor
+    monitor = run.daemon.pipeline.health_monitor
     assert monitor is not None
     await asyncio.wait_for(monitor.watching.wait(), 2.0)
 
@@ -185,7 +185,7 @@ async def test_an_ignored_xid_changes_nothing(short_dir: Path) -> None:
         run.nvml.inject_xid(3, 79)
         expected = backed_by(run, gpu_uuid(run, 3))
         await run.kubelet.wait_for(lambda: unhealthy(run) == expected, timeout=1.0)
-        assert run.daemon.health[gpu_uuid(run, 2)]
+        assert run.daemon.pipeline.health[gpu_uuid(run, 2)]
         assert run.allocatable() == {GPU: 6}
 
 
@@ -207,7 +207,7 @@ async def test_a_gpu_lost_through_the_simulator_is_unhealthy(short_dir: Path) ->
         run.nvml.set_lost(1)
         expected = backed_by(run, gpu_uuid(run, 1))
         await run.kubelet.wait_for(lambda: unhealthy(run) == expected, timeout=1.0)
-        assert not run.daemon.health[gpu_uuid(run, 1)]
+        assert not run.daemon.pipeline.health[gpu_uuid(run, 1)]
 
 
 async def test_recovery_after_the_quiet_period_restores_allocatable_and_status(
@@ -225,7 +225,7 @@ async def test_recovery_after_the_quiet_period_restores_allocatable_and_status(
         assert loop.time() - failed < 2.5
         assert unhealthy(run) == {GPU: set(), SHARED: set()}
         assert healthy_counts(run) == {GPU: 4, SHARED: 6}
-        assert all(run.daemon.health.values())
+        assert all(run.daemon.pipeline.health.values())
 
 
 async def test_a_pod_admitted_during_the_outage_gets_no_device_of_the_failed_gpu(
@@ -251,8 +251,9 @@ async def test_health_disabled_in_the_config_ignores_xids_until_enabled(short_di
     disabled = SHARED_ALL + "health:\n  enabled: false\n"
     async with running(short_dir, disabled, gpus=f"simulated:{node}") as run:
         append_fault(node, {"gpu": 2, "xid": 79})
-        run.write(SHARED_ALL)
-        await run.daemon.next_update()
+        with run.daemon.pipeline.outcomes() as outcomes:
+            run.write(SHARED_ALL)
+            await outcomes.applied()
         await health_watch(run)
         # With checks off nothing watched GPU 2's Xid; the one after enabling is seen alone.
         append_fault(node, {"gpu": 3, "xid": 79})
@@ -268,7 +269,7 @@ async def test_dp_disable_healthchecks_all_ignores_xids(short_dir: Path) -> None
     env = HealthEnv.from_environ({"DP_DISABLE_HEALTHCHECKS": "all"})
     node = node_file(short_dir, WHOLE_NODE)
     async with running(short_dir, SHARED_ALL, gpus=f"simulated:{node}", health_env=env) as run:
-        monitor = run.daemon.health_monitor
+        monitor = run.daemon.pipeline.health_monitor
         assert monitor is not None and not monitor.settings.enabled
         run.nvml.inject_xid(2, 79)
         run.nvml.set_lost(3)

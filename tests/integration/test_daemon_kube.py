@@ -58,7 +58,7 @@ def node_state(api: FakeKubeApi) -> tuple[str | None, str | None]:
 async def test_edit_broken_edit_and_fix_through_the_api(short_dir: Path) -> None:
     async with on_api(short_dir, {"default": sliced(2)}) as (api, run):
         assert run.capacity() == {GPU: 16}
-        await run.daemon.report.reporter.flush()  # type: ignore[union-attr]
+        await run.daemon.pipeline.reports.node.reporter.flush()  # type: ignore[union-attr]
         state, annotation = node_state(api)
         assert state == "success" and annotation is not None
         assert annotation.startswith("default@")
@@ -70,12 +70,13 @@ async def test_edit_broken_edit_and_fix_through_the_api(short_dir: Path) -> None
         api.put_configmap(NS, CM, {"default": sliced(3)})
         await run.kubelet.wait_for(lambda: run.kubelet.capacity(GPU) == 24, timeout=5)
 
-        api.put_configmap(NS, CM, {"default": sliced(0)})
-        await run.daemon.next_update()
+        with run.daemon.pipeline.outcomes() as outcomes:
+            api.put_configmap(NS, CM, {"default": sliced(0)})
+            await outcomes.rejected()
         error = run.daemon.status.last_error
         assert error is not None and error.startswith(f"{NS}/{CM}[default]:6:19: ")
         assert run.capacity() == {GPU: 24}  # the last good config keeps serving
-        await run.daemon.report.reporter.flush()  # type: ignore[union-attr]
+        await run.daemon.pipeline.reports.node.reporter.flush()  # type: ignore[union-attr]
         assert node_state(api)[0] == "failed"
         rejected = api.events("default")[-1]
         assert rejected["reason"] == "ConfigRejected" and rejected["type"] == "Warning"
@@ -83,7 +84,7 @@ async def test_edit_broken_edit_and_fix_through_the_api(short_dir: Path) -> None
 
         api.put_configmap(NS, CM, {"default": sliced(4)})
         await run.kubelet.wait_for(lambda: run.kubelet.capacity(GPU) == 32, timeout=5)
-        await run.daemon.report.reporter.flush()  # type: ignore[union-attr]
+        await run.daemon.pipeline.reports.node.reporter.flush()  # type: ignore[union-attr]
         state, fixed = node_state(api)
         assert state == "success" and fixed != annotation
         assert reasons(api) == ["ConfigApplied"] * 2 + ["ConfigRejected", "ConfigApplied"]
@@ -124,7 +125,7 @@ async def test_api_down_at_start_serves_the_mounted_copy(short_dir: Path) -> Non
 async def test_node_status_off_writes_nothing_to_the_node(short_dir: Path) -> None:
     async with on_api(short_dir, {"default": sliced(2)}, node_status=False) as (api, run):
         assert run.capacity() == {GPU: 16}
-        assert run.daemon.report.reporter is None
+        assert run.daemon.pipeline.reports.node.reporter is None
         await eventually(lambda: api.open_watches >= 1)
     assert reasons(api) == [] and node_state(api) == (None, None)
     assert not [r for r in api.requests if r.method in ("PATCH", "POST")]

@@ -54,7 +54,7 @@ async def test_node_labels_are_patched_and_stale_ones_removed(short_dir: Path) -
             async with running(
                 short_dir, sliced(2), node_name=NODE, kube_client=client, node_labels=True
             ) as run:
-                reporter = run.daemon.report.reporter
+                reporter = run.daemon.pipeline.reports.node.reporter
                 assert reporter is not None
                 await reporter.flush()
                 labels = api.node(NODE)["metadata"]["labels"]

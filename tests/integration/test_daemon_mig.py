@@ -16,8 +16,10 @@ import pytest
 from daemon_harness import Running, running
 
 from sharing_plugin.cli import main
+from sharing_plugin.daemon.outcome import Applied
 from sharing_plugin.nvml.discover import discover
 from sharing_plugin.sim.nvml.simulated import SimulatedNvml
+from sharing_plugin.sources.update import Trigger
 
 A100 = "simulated:a100-mig-mixed"
 H200 = "simulated:hgx-h200"
@@ -66,9 +68,10 @@ def mig_status(run: Running) -> dict[str, tuple[str, str | None]]:
 
 async def until(run: Running, condition: Callable[[], bool], *, within: float = 5.0) -> None:
     """Wait through handled config updates (reloads, MIG retries) until `condition` holds."""
-    async with asyncio.timeout(within):
-        while not condition():
-            await run.daemon.next_update()
+    with run.daemon.pipeline.outcomes() as outcomes:
+        async with asyncio.timeout(within):
+            while not condition():
+                await outcomes.next()
 
 
 async def reload(run: Running, text: str) -> None:
@@ -76,8 +79,9 @@ async def reload(run: Running, text: str) -> None:
 
     Only where no MIG retry runs: the next handled update is then the edit's.
     """
-    run.write(text)
-    await run.daemon.next_update()
+    with run.daemon.pipeline.outcomes() as outcomes:
+        run.write(text)
+        await outcomes.next()
 
 
 async def wait_capacity(run: Running, expected: dict[str, int]) -> None:
@@ -272,8 +276,9 @@ async def test_impossible_layout_by_reload_is_rejected_and_touches_nothing(
         before = capacity(run)
         messages = {r: run.kubelet.messages(r) for r in run.kubelet.resources()}
 
-        run.write(IMPOSSIBLE)
-        await run.daemon.next_update()
+        with run.daemon.pipeline.outcomes() as outcomes:
+            run.write(IMPOSSIBLE)
+            await outcomes.rejected()
         status = run.daemon.status.to_json()
         assert status["lastError"] == (
             f"{run.config}:9:7: partitioning.mig[1].profiles: GPU 4 ({MIXED.gpus[4].uuid}): "
@@ -344,11 +349,12 @@ async def test_without_partitioning_mig_is_never_touched(short_dir: Path, gpus: 
     mixed = "version: v1\nflags:\n  migStrategy: mixed\n"
     async with running(short_dir, mixed, gpus=gpus) as run:
         before = capacity(run)
-        run.write(
-            mixed + "sharing:\n  timeSlicing:\n    resources:\n"
-            "      - name: nvidia.com/gpu\n        replicas: 2\n"
-        )
-        await run.daemon.next_update()
+        with run.daemon.pipeline.outcomes() as outcomes:
+            run.write(
+                mixed + "sharing:\n  timeSlicing:\n    resources:\n"
+                "      - name: nvidia.com/gpu\n        replicas: 2\n"
+            )
+            await outcomes.applied()
         await run.settled()
         assert capacity(run) != before  # the reload was applied
         assert run.nvml.mig_calls == []
@@ -375,8 +381,10 @@ async def test_broken_edit_while_pending_keeps_the_pending_layout_going(
         run.write(IMPOSSIBLE)
         await until(run, lambda: run.daemon.status.last_error is not None)
         error = run.daemon.status.last_error
-        for _ in range(3):  # retries while the layout waits for the pod
-            await run.daemon.next_update()
+        with run.daemon.pipeline.outcomes() as outcomes:
+            for _ in range(3):  # retries while the layout waits for the pod
+                retried = await outcomes.next()
+                assert isinstance(retried, Applied) and retried.trigger is Trigger.MIG_RETRY
         assert (reloads(run, "ok"), reloads(run, "failed")) == ("2.0", "1.0")
         said = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
         assert sum("MIG layout pending: waiting for pod" in m for m in said) == 1

@@ -73,10 +73,11 @@ async def test_sharing_turned_off_pushes_whole_gpus_on_the_same_stream(short_dir
 async def test_unchanged_resource_gets_no_message(short_dir: Path) -> None:
     async with running(short_dir, sliced(2)) as run:
         messages = run.kubelet.messages(GPU)
-        run.write(sliced(2) + "# only a comment changed\n")
-        await run.daemon.next_update()
-        run.daemon.request_reload()
-        await run.daemon.next_update()
+        with run.daemon.pipeline.outcomes() as outcomes:
+            run.write(sliced(2) + "# only a comment changed\n")
+            await outcomes.applied()
+            run.daemon.request_reload()
+            await outcomes.applied()
         # A real change now: its list arrives after anything the reloads above sent (one stream,
         # in order), so exactly one more message means they sent none.
         run.write(sliced(3))
@@ -119,8 +120,9 @@ async def test_held_replicas_drain_then_vanish_when_released(short_dir: Path) ->
 
 async def test_broken_edit_keeps_the_last_good_config_until_fixed(short_dir: Path) -> None:
     async with running(short_dir, sliced(2)) as run:
-        run.write(sliced(4).replace("replicas: 4", "replicas: 0"))
-        await run.daemon.next_update()
+        with run.daemon.pipeline.outcomes() as outcomes:
+            run.write(sliced(4).replace("replicas: 4", "replicas: 0"))
+            await outcomes.rejected()
         error = run.daemon.status.last_error
         assert error is not None and "config.yaml:7:19" in error and "replicas" in error
         assert run.capacity() == {GPU: 16}
@@ -143,8 +145,9 @@ async def test_burst_of_twenty_edits_ends_in_the_last_one(short_dir: Path) -> No
 
 async def test_deleted_file_keeps_serving_and_reports(short_dir: Path) -> None:
     async with running(short_dir, sliced(2)) as run:
-        run.config.unlink()
-        await run.daemon.next_update()
+        with run.daemon.pipeline.outcomes() as outcomes:
+            run.config.unlink()
+            await outcomes.rejected()
         error = run.daemon.status.last_error
         assert error is not None and "config.yaml" in error
         assert run.capacity() == {GPU: 16}

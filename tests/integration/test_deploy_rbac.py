@@ -24,7 +24,7 @@ from urllib.parse import unquote
 
 import pytest
 import yaml_fast
-from daemon_harness import Running, eventually, running
+from daemon_harness import Running, eventually, flat_options, running
 from k8s_fake import ConfigMapVolume
 from kube_api import FakeKubeApi, Permissions, Request
 from kustomize_render import render as kustomize_render
@@ -39,7 +39,7 @@ DEPLOY = ROOT / "deploy"
 NODE = "gpu-node-1"
 TOKEN = "sharing-plugin-token"
 GPU = "nvidia.com/gpu"
-RUN_ENV = {env for _, env, _, _ in (*run_command.SOURCE_FLAGS, *run_command.RUN_FLAGS)}
+RUN_ENV = {env for _, env, _, _ in run_command.FLAGS}
 has_kubectl = shutil.which("kubectl") is not None
 
 
@@ -238,11 +238,11 @@ async def deployed(
     configmap = the(docs, "ConfigMap")
     namespace, name = configmap["metadata"]["namespace"], configmap["metadata"]["name"]
     options = options_from(container_env(docs), root)
-    assert options.node_name == NODE and options.config_path is not None
+    assert options.source.node_name == NODE and options.source.config_path is not None
     volume = ConfigMapVolume(root / "config", configmap["data"])
     kept = {
-        key: getattr(options, key)
-        for key in RunOptions.__dataclass_fields__
+        key: value
+        for key, value in flat_options(options).items()
         if key not in ("config_path", "gpus", "kubelet_dir", "drain_recheck_s")
     }
     async with FakeKubeApi(tokens={TOKEN: permissions}) as api:
@@ -259,7 +259,7 @@ async def deployed(
                 **kept,
             ) as run:
                 data = dict(configmap["data"])
-                from_api = options.config_map == (namespace, name)
+                from_api = options.source.config_map == (namespace, name)
                 yield Deployed(api, run, volume, namespace, name, data, from_api)
         finally:
             await client.close()
@@ -268,7 +268,7 @@ async def deployed(
 async def a_node_s_life(node: Deployed) -> None:
     """Start, an edit, a broken edit, the same broken edit read again (SIGHUP)."""
     run, api = node.run, node.api
-    reporter = run.daemon.report.reporter
+    reporter = run.daemon.pipeline.reports.node.reporter
     assert reporter is not None
     assert run.capacity() == {GPU: 8}  # deploy/configmap.yaml's default: whole GPUs
     node.edit("default", sliced(2))

@@ -176,7 +176,7 @@ async def test_an_unhealthy_gpu_leaves_the_pool_within_a_second_and_comes_back(
     recovery = "health:\n  recoveryQuietPeriodSeconds: 1\n  recoveryCheckSeconds: 1\n"
     async with dra_running(short_dir, shared(2) + recovery, gpus=f"simulated:{node}") as run:
         devices = await run.published(4)
-        monitor = run.daemon.health_monitor
+        monitor = run.daemon.pipeline.health_monitor
         assert monitor is not None
         async with asyncio.timeout(2):
             await monitor.watching.wait()

@@ -153,12 +153,11 @@ async def _fuzz(run: Running) -> None:
     assert good_devices and serving["plan"] is not None
 
     async def edit(data: bytes) -> None:
-        waiter = asyncio.ensure_future(daemon.next_update())
-        await asyncio.sleep(0)  # the waiter is registered before the watch can see the edit
-        tmp = run.config.with_name(run.config.name + ".tmp")
-        tmp.write_bytes(data)
-        tmp.replace(run.config)
-        await asyncio.wait_for(waiter, UPDATE_TIMEOUT_S)
+        with daemon.pipeline.outcomes() as outcomes:  # subscribed before the edit can be seen
+            tmp = run.config.with_name(run.config.name + ".tmp")
+            tmp.write_bytes(data)
+            tmp.replace(run.config)
+            await outcomes.next(UPDATE_TIMEOUT_S)
 
     def on_loop(coro: Coroutine[Any, Any, T]) -> T:
         # Hypothesis runs in a worker thread; the daemon, its watch and kubelet stay on the loop.

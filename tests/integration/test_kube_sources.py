@@ -16,9 +16,10 @@ from kube_api import ALL_PERMISSIONS, FakeKubeApi, permissions
 
 from sharing_plugin.errors import KubeApiError
 from sharing_plugin.sources.apiconfig import ApiConfigSource, parse_config_map_ref
-from sharing_plugin.sources.filewatch import ConfigSource, ConfigUpdate
+from sharing_plugin.sources.filewatch import ConfigSource
 from sharing_plugin.sources.kube import client_from_environment, client_from_kubeconfig
 from sharing_plugin.sources.nodelabel import NodeLabelWatcher
+from sharing_plugin.sources.update import ConfigUpdate, Trigger
 
 NODE = "gpu-node-1"
 LABEL = "nvidia.com/device-plugin.config"
@@ -179,7 +180,7 @@ async def test_edits_through_the_api_are_followed_with_located_errors(tmp_path: 
             assert line.startswith(f"{NS}/{CM}[default]:6:19: sharing.timeSlicing.resources[0]")
             assert "replicas" in line
             label[0] = "big"  # the node label names another config
-            source.trigger("label changed")
+            source.trigger(Trigger.LABEL_CHANGED)
             switched = await stream.next()
             assert switched.error is not None  # 'default' is still broken: nothing selected
             api.put_configmap(NS, CM, {"default": sliced(4), "big": sliced(8)})

@@ -85,12 +85,13 @@ async def test_reload_restarts_only_a_changed_daemon_and_adoption_keeps_it(
     config.write_text(mps_config(mps_root, replicas=4))
     async with controller(config, binary, gpus=gpus) as running:
         first = await eventually_record(mps_root, lambda r: r.state is DaemonState.READY)
-        write(config, mps_config(mps_root, replicas=4) + "# same meaning\n")
-        await running.next_update()
-        assert daemon_pid(mps_root) == first.pid
+        with running.pipeline.outcomes() as outcomes:
+            write(config, mps_config(mps_root, replicas=4) + "# same meaning\n")
+            await outcomes.applied()
+            assert daemon_pid(mps_root) == first.pid
 
-        write(config, mps_config(mps_root, replicas=2))
-        await running.next_update()
+            write(config, mps_config(mps_root, replicas=2))
+            await outcomes.applied()
         second = await eventually_record(
             mps_root, lambda r: r.state is DaemonState.READY and r.pid != first.pid
         )
@@ -119,8 +120,9 @@ async def test_a_resource_no_longer_shared_stops_its_daemon(
     config.write_text(mps_config(mps_root))
     async with controller(config, binary, gpus=gpus) as running:
         first = await eventually_record(mps_root, lambda r: r.state is DaemonState.READY)
-        write(config, f"version: v1\nflags:\n  mpsRoot: {mps_root}\n")
-        await running.next_update()
+        with running.pipeline.outcomes() as outcomes:
+            write(config, f"version: v1\nflags:\n  mpsRoot: {mps_root}\n")
+            await outcomes.applied()
         assert first.pid is not None and not process_alive(first.pid)
         assert record(mps_root) is None
         assert running.keepers == {}

@@ -121,8 +121,9 @@ async def test_a_limit_change_waits_for_the_pods_holding_replicas(
         first = daemon_pid(mps_root)
         await run.kubelet.admit_pod("client", containers={"main": {RESOURCE: 1}})
 
-        write(run.config, mps_config(mps_root, replicas=2))
-        await control.next_update()
+        with control.pipeline.outcomes() as outcomes:
+            write(run.config, mps_config(mps_root, replicas=2))
+            await outcomes.applied()
         waiting = await eventually_record(mps_root, lambda r: r.state is DaemonState.WAITING)
         assert waiting.pid == first
         assert waiting.reason is not None and "1 replica(s)" in waiting.reason

@@ -9,20 +9,19 @@ one serving.
 
 from __future__ import annotations
 
-import asyncio
 import os
 import shutil
 from pathlib import Path
 
 import pytest
 from cli_capture import cli
-from daemon_harness import Running, eventually, running
+from daemon_harness import Running, eventually, run_options, running
 from k8s_fake import ConfigMapVolume
 
 from sharing_plugin.backends import backend_from_spec
 from sharing_plugin.config.loader import parse_configs
 from sharing_plugin.daemon.app import Daemon
-from sharing_plugin.daemon.options import RunOptions
+from sharing_plugin.daemon.outcome import Rejected
 from sharing_plugin.errors import ConfigError, KubeApiError
 from sharing_plugin.sim.kubelet.simulator import KubeletSimulator
 from sharing_plugin.sources.kube import client_from_environment
@@ -43,11 +42,12 @@ async def _rejected(run: Running, change: object) -> str:
     """Apply `change()` (an edit of the config) and return the daemon's lastError."""
     before = {r: run.kubelet.devices(r) for r in run.kubelet.resources()}
     plan = run.daemon.supervisor.advertised
-    waiter = asyncio.ensure_future(run.daemon.next_update())
-    await asyncio.sleep(0)
-    change()  # type: ignore[operator]
-    await asyncio.wait_for(waiter, 5)
+    with run.daemon.pipeline.outcomes() as outcomes:
+        change()  # type: ignore[operator]
+        rejected = await outcomes.next()
+    assert isinstance(rejected, Rejected)
     error = run.daemon.status.to_json()["lastError"]
+    assert error == "; ".join(rejected.lines())
     assert error is not None
     assert run.daemon.supervisor.advertised is plan
     assert {r: run.kubelet.devices(r) for r in run.kubelet.resources()} == before
@@ -98,10 +98,9 @@ async def test_empty_config_directory_at_start_serves_nothing_until_fixed(short_
             _one_line(error) == f"{config}:1:1: the directory holds no config (one file per name)"
         )
         assert run.daemon.supervisor.advertised is None
-        waiter = asyncio.ensure_future(run.daemon.next_update())
-        await asyncio.sleep(0)
-        (config / "default").write_text(SLICED)
-        await asyncio.wait_for(waiter, 5)
+        with run.daemon.pipeline.outcomes() as outcomes:
+            (config / "default").write_text(SLICED)
+            await outcomes.applied()
         await run.kubelet.wait_for(lambda: run.kubelet.capacity(GPU) == 16, timeout=5)
 
 
@@ -155,8 +154,8 @@ async def test_kubelet_dir_that_does_not_exist_yet_registers_once_kubelet_comes(
     short_dir: Path,
 ) -> None:
     kubelet_dir = short_dir / "k"
-    options = RunOptions(gpus="simulated:t4x4", kubelet_dir=kubelet_dir, drain_recheck_s=0.05)
-    async with Daemon(options, nvml=backend_from_spec(options.gpus)) as daemon:
+    options = run_options(gpus="simulated:t4x4", kubelet_dir=kubelet_dir, drain_recheck_s=0.05)
+    async with Daemon(options, nvml=backend_from_spec(options.source.gpus)) as daemon:
         assert daemon.status.to_json()["lastError"] is None
         async with KubeletSimulator(kubelet_dir, grace_period=0.2, dial_timeout=2.0) as kubelet:
             await kubelet.wait_for(lambda: kubelet.capacity(GPU) == 4, timeout=5)

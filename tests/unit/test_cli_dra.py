@@ -45,9 +45,8 @@ def test_defaults() -> None:
     assert options.driver_name == "gpu.sharing-plugin.io"
     assert options.cdi_dir == Path("/var/run/cdi")
     assert options.clear_slices_on_exit is False
-    assert options.run.node_name == "n"
-    assert options.run.kubelet_dir == Path("/var/lib/kubelet")
-    assert options.run.node_status is False and options.run.node_labels is False
+    assert options.source.node_name == "n"
+    assert options.source.kubelet_dir == Path("/var/lib/kubelet")
 
 
 def test_env_vars(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -56,7 +55,7 @@ def test_env_vars(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("CDI_DIR", "/etc/cdi")
     monkeypatch.setenv("CLEAR_SLICES_ON_EXIT", "on")
     options = dra_options(parse())
-    assert options.run.node_name == "gpu-7"
+    assert options.source.node_name == "gpu-7"
     assert options.driver_name == "gpu.example.com"
     assert options.cdi_dir == Path("/etc/cdi")
     assert options.clear_slices_on_exit is True

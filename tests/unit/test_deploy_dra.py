@@ -11,8 +11,7 @@ import yaml_fast
 from kustomize_render import render
 
 from sharing_plugin.backends import backend_from_spec
-from sharing_plugin.cli.dra import DRA_FLAGS
-from sharing_plugin.cli.run import SOURCE_FLAGS
+from sharing_plugin.cli.dra import FLAGS
 from sharing_plugin.config.loader import parse_configs
 from sharing_plugin.errors import PlanError
 from sharing_plugin.gpus.catalog import MODELS
@@ -87,7 +86,7 @@ def test_the_daemonset_runs_run_dra_with_its_flags(rendered: list[dict[str, Any]
     (container,) = pod["containers"]
     assert container["command"] == ["sharing-plugin", "run-dra"]
     env = {e["name"]: e for e in container["env"]}
-    known = {flag[1] for flag in (*SOURCE_FLAGS, *DRA_FLAGS)} | {"POD_NAMESPACE"}
+    known = {flag[1] for flag in FLAGS} | {"POD_NAMESPACE"}
     unknown = {n for n in env if n not in known and not n.startswith("NVIDIA_")}
     assert not unknown, f"run-dra reads no such env var: {sorted(unknown)}"
     assert env["NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"

@@ -13,7 +13,7 @@ import yaml
 import yaml_fast
 from kustomize_render import render
 
-from sharing_plugin.cli.run import RUN_FLAGS, SOURCE_FLAGS
+from sharing_plugin.cli.run import FLAGS
 from sharing_plugin.observability import parse_metrics_address
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -22,7 +22,7 @@ CONFIGMAP_NAME = "sharing-plugin-config"
 
 # The env var behind each `run` flag (docs/contract.md); NVIDIA_* are read by the NVIDIA
 # container runtime; POD_NAMESPACE (downward API) only feeds CONFIG_MAP's `$(POD_NAMESPACE)`.
-RUN_ENV_VARS = {env for _, env, _, _ in (*SOURCE_FLAGS, *RUN_FLAGS)}
+RUN_ENV_VARS = {env for _, env, _, _ in FLAGS}
 EXPANDED_ONLY = {"POD_NAMESPACE"}
 
 

@@ -9,8 +9,7 @@ from typing import Any
 import pytest
 from kustomize_render import render
 
-from sharing_plugin.cli.mps import MPS_FLAGS
-from sharing_plugin.cli.run import SOURCE_FLAGS
+from sharing_plugin.cli.mps import FLAGS
 from sharing_plugin.config.model import Flags, SharingKind
 from sharing_plugin.gpus.inventory import GpuUuid
 from sharing_plugin.plan.allocate import allocate
@@ -20,7 +19,7 @@ from sharing_plugin.plan.mps import resource_root
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
 COMPONENT = DEPLOY / "components" / "mps"
-MPS_ENV_VARS = {env for _, env, _, _ in (*SOURCE_FLAGS, *MPS_FLAGS)} - {"METRICS_ADDRESS"}
+MPS_ENV_VARS = {env for _, env, _, _ in FLAGS}
 
 pytestmark = pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl not installed")
 
