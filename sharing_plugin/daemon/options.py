@@ -30,7 +30,7 @@ class SourceOptions:
     # A config file that does not validate is reported once it has stayed so this long: an
     # editor may be half-way through saving it.
     config_error_settle_s: float = 0.1
-    rediscover_s: float = 5.0  # first look again for GPUs when NVML found none (doubling)
+    rediscover_s: float = 1.0  # first look again for GPUs when NVML found none (doubling)
 
     @property
     def needs_api(self) -> bool:

@@ -36,10 +36,12 @@ class Reports:
         self.metrics = metrics
         self.node = NodeReport(None)
         self._api_trouble: str | None = None
+        self._rejected: str | None = None  # the last rejection, until a config is applied
 
     def applied(self, applied: Applied) -> None:
         """A config was read and applied (not a re-apply: that is no reload)."""
         name, hash_, generation = applied.name, applied.source_hash, applied.generation
+        self._rejected = None
         if self.status is not None:
             self.status.set_config(name=name, hash=hash_, generation=generation)
         if self.metrics is not None:
@@ -60,15 +62,17 @@ class Reports:
                 kept,
                 extra={**fields, "generation": kept},
             )
+        self._rejected = "; ".join(lines)
         if self.status is not None:
-            self.status.set_error("; ".join(lines))
+            self.status.set_error(self._rejected)
         if self.metrics is not None:
             self.metrics.count_reload(False)
         self.node.rejected(lines[0])
 
     def api_trouble(self, text: str | None) -> None:
         """API trouble (credentials refused, server away) shows in /status until it is over;
-        the end of it clears only its own message, never a rejected config's."""
+        then /status shows again what it showed before: a rejected config's error stays until
+        a config is applied, whatever the API does meanwhile."""
         previous, self._api_trouble = self._api_trouble, text
         if self.status is None:
             if text is not None:
@@ -77,7 +81,7 @@ class Reports:
         if text is not None:
             self.status.set_error(text)
         elif previous is not None and self.status.last_error == previous:
-            self.status.set_error(None)
+            self.status.set_error(self._rejected)
 
 
 class NodeReport:

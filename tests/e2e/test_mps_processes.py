@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,14 +16,6 @@ from sharing_plugin.sim.kubelet.simulator import KubeletSimulator
 from sharing_plugin.sim.mps import alive, pid_of, write_wrapper
 
 RESOURCE = "nvidia.com/gpu"
-
-
-class MpsControlProcess(PluginProcess):
-    """`python -m sharing_plugin mps-control ARGS`."""
-
-    def __init__(self, args: list[str], env: dict[str, str] | None = None) -> None:
-        super().__init__(args, env)
-        self.args = [sys.executable, "-m", "sharing_plugin", "mps-control", *args]
 
 
 @pytest.fixture
@@ -54,13 +45,17 @@ async def test_run_then_mps_control_then_its_restart_adopts_the_daemon(
         await kubelet.wait_for(lambda: kubelet.capacity(RESOURCE) == 6, timeout=10)
         assert kubelet.allocatable(RESOURCE) == 0
 
-        async with MpsControlProcess(common, env={"MPS_CONTROL_BIN": str(binary)}) as control:
+        async with PluginProcess(
+            common, env={"MPS_CONTROL_BIN": str(binary)}, command="mps-control"
+        ) as control:
             await kubelet.wait_for(lambda: kubelet.allocatable(RESOURCE) == 6, timeout=15)
             pid = pid_of(pipe)
             assert await control.stop() == 0
         assert pid is not None and alive(pid)  # stopping mps-control spares the clients
 
-        async with MpsControlProcess([*common, "--mps-control-bin", str(binary)]) as control:
+        async with PluginProcess(
+            [*common, "--mps-control-bin", str(binary)], command="mps-control"
+        ) as control:
             adopted = "adopted the running daemon"
             async with asyncio.timeout(15):
                 while not any(adopted in x for x in control.stderr_lines):  # noqa: ASYNC110 -- a log line

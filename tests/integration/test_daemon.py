@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
-from daemon_harness import eventually, run_options, running
+from daemon_harness import eventually, node_file, run_options, running
 
 from sharing_plugin.backends import backend_from_spec
 from sharing_plugin.daemon.app import Daemon
@@ -14,6 +14,7 @@ from sharing_plugin.nvml.discover import discover
 from sharing_plugin.plan import plan
 from sharing_plugin.sim.kubelet.simulator import KubeletSimulator
 from sharing_plugin.sources.files import load_configs
+from sharing_plugin.sources.update import Trigger
 
 EXAMPLES = Path(__file__).parents[2] / "config" / "examples"
 TIME_SLICING = """\
@@ -122,20 +123,22 @@ async def test_gpus_that_appear_later_are_served_without_failon_init_error(
 ) -> None:
     """A node whose driver is still loading at start: with failOnInitError false the plugin
     starts empty, keeps looking, and serves the GPUs once NVML answers."""
-    nvml = backend_from_spec("simulated:t4x4")
-    nvml.set_driver_loaded(False)
+    node = node_file(short_dir, {"gpus": [{"product": "Tesla T4", "count": 4}]})
+    node.write_text(node.read_text() + "driverLoaded: false\n")
+    gpus = f"simulated:{node}"
     config = short_dir / "config.yaml"
     config.write_text(TIME_SLICING + "flags:\n  failOnInitError: false\n")
-    options = run_options(
-        config_path=config, gpus="simulated:t4x4", kubelet_dir=short_dir, rediscover_s=0.05
-    )
+    options = run_options(config_path=config, gpus=gpus, kubelet_dir=short_dir, rediscover_s=0.05)
     async with (
         KubeletSimulator(short_dir, grace_period=0.2) as kubelet,
-        Daemon(options, nvml=nvml) as daemon,
+        Daemon(options, nvml=backend_from_spec(gpus)) as daemon,
     ):
         assert daemon.supervisor.advertised is not None
         assert daemon.supervisor.advertised.resources == ()
-        nvml.set_driver_loaded(True)
+        with daemon.pipeline.outcomes() as outcomes:
+            node.write_text(node.read_text().replace("driverLoaded: false", "driverLoaded: true"))
+            found = await outcomes.applied()
+        assert found.trigger is Trigger.GPUS_FOUND and len(found.inventory.gpus) == 4
         await kubelet.wait_for(lambda: kubelet.allocatable("nvidia.com/gpu") == 8, timeout=5)
         status = daemon.status.to_json()
         assert status["config"]["generation"] == 1 and status["lastError"] is None

@@ -2,8 +2,9 @@
 
 A node description is a small YAML file (or one of the built-in presets) that the simulated NVML
 impersonates. It is parsed strictly, like the config: unknown keys are errors, so a typo does not
-silently produce a different node. The `faults` list is re-read while a process runs; only that
-part may change under a running simulator, which is why it is also parsed on its own.
+silently produce a different node. The `faults` list and `driverLoaded` are re-read while a process
+runs; only those parts may change under a running simulator, which is why they are also parsed
+on their own.
 """
 
 from __future__ import annotations
@@ -78,6 +79,9 @@ class NodeDescription(_Strict):
     gpus: tuple[GpuGroup, ...] = Field(min_length=1)
     nvlink: Literal["all", "none"] = "none"
     faults: tuple[Fault, ...] = ()
+    # False: the NVIDIA driver is not loaded (yet): nvmlInit fails, as on a node still
+    # installing it at boot. Re-read while a process runs, like `faults`.
+    driver_loaded: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -175,6 +179,19 @@ def read_faults(path: Path) -> tuple[Fault, ...] | None:
         return tuple(Fault.model_validate(f) for f in (data.get("faults") or ()))
     except ValidationError:
         return None
+
+
+def read_driver_loaded(path: Path) -> bool | None:
+    """The current `driverLoaded` of a node file, or None when it cannot be read or parsed now
+    (half-written: the caller keeps what it had)."""
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, yaml.YAMLError, ValueError, OverflowError):
+        return None
+    if not isinstance(data, dict):
+        return None
+    loaded = data.get("driverLoaded", True)
+    return loaded if isinstance(loaded, bool) else None
 
 
 def _parse(text: str, *, source: str) -> NodeDescription:

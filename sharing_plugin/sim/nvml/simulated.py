@@ -23,7 +23,13 @@ from sharing_plugin.errors import ConfigError, Problem
 from sharing_plugin.nvml.api import DeviceHandle, EventSetHandle
 from sharing_plugin.sim.nvml.faults import FaultFeed, SimEventData, SimEventSet
 from sharing_plugin.sim.nvml.mig import SimMigOps
-from sharing_plugin.sim.nvml.node import Fault, LoadedNode, load_node_file, load_preset
+from sharing_plugin.sim.nvml.node import (
+    Fault,
+    LoadedNode,
+    load_node_file,
+    load_preset,
+    read_driver_loaded,
+)
 from sharing_plugin.sim.nvml.state import (
     NO_ID,
     SimComputeInstance,
@@ -88,7 +94,9 @@ class SimulatedNvml(SimMigOps):
         self._lock = threading.Lock()
         self._shut_down = threading.Condition(self._lock)
         self._event_sets: list[SimEventSet] = []
-        self._driver_loaded = True
+        self._node_path = node.path
+        self._driver_loaded = node.description.driver_loaded
+        self._driver_stamp = _file_stamp(node.path)
         for fault in node.description.faults:
             if fault.lost is not None:
                 self._set_lost(fault)  # lost GPUs are state; earlier Xids are history
@@ -130,12 +138,6 @@ class SimulatedNvml(SimMigOps):
     def inject_ecc(self, gpu: int | str, kind: Literal["double", "single"] = "double") -> None:
         """One ECC error event on `gpu` (index or UUID; a MIG UUID names its GPU)."""
         self.inject(Fault(gpu=gpu, ecc=kind))
-
-    def set_driver_loaded(self, loaded: bool) -> None:
-        """Simulate a node whose NVIDIA driver is not (yet) loaded: nvmlInit fails with
-        NVML_ERROR_DRIVER_NOT_LOADED until it is, as on a node still installing its driver."""
-        with self._lock:
-            self._driver_loaded = loaded
 
     def set_lost(self, gpu: int | str, lost: bool = True) -> None:
         self.inject(Fault(gpu=gpu, lost=lost))
@@ -184,9 +186,21 @@ class SimulatedNvml(SimMigOps):
 
     def nvmlInit(self) -> None:
         with self._lock:
+            self._follow_driver()
             if not self._driver_loaded:
                 raise nvml_error(pynvml.NVML_ERROR_DRIVER_NOT_LOADED)
             self._init_count += 1
+
+    def _follow_driver(self) -> None:
+        """`driverLoaded` as the node file says now: each nvmlInit looks (a stat, and a read
+        only when the file changed), so an edit is seen by the next init, with no watch."""
+        stamp = _file_stamp(self._node_path)
+        if self._node_path is None or stamp == self._driver_stamp:
+            return
+        loaded = read_driver_loaded(self._node_path)
+        if loaded is not None:  # half-written: look again at the next init
+            self._driver_stamp = stamp
+            self._driver_loaded = loaded
 
     def nvmlShutdown(self) -> None:
         with self._lock:
@@ -358,3 +372,13 @@ def _pci_info(bus_id: str) -> pynvml.nvmlPciInfo_t:
 
 def _nothing() -> None:
     return None
+
+
+def _file_stamp(path: Path | None) -> tuple[int, int] | None:
+    if path is None:
+        return None
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return (st.st_mtime_ns, st.st_size)

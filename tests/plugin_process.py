@@ -57,12 +57,20 @@ async def http_get(port: int, path: str) -> tuple[int, dict[str, str], bytes]:
 
 
 class PluginProcess:
-    """`python -m sharing_plugin run ARGS` with `env`; killed on exit if still running."""
+    """`python -m sharing_plugin COMMAND ARGS` (`run` unless told) with `env`; killed on exit
+    if still running."""
 
-    def __init__(self, args: Sequence[str], env: Mapping[str, str] | None = None) -> None:
-        self.args = [sys.executable, "-m", "sharing_plugin", "run", *args]
+    def __init__(
+        self,
+        args: Sequence[str],
+        env: Mapping[str, str] | None = None,
+        *,
+        command: str = "run",
+    ) -> None:
+        self.args = [sys.executable, "-m", "sharing_plugin", command, *args]
         self.env = child_env(env)
         self.stderr_lines: list[str] = []
+        self._new_line: asyncio.Event | None = None
         self._process: asyncio.subprocess.Process | None = None
         self._reader: asyncio.Task[None] | None = None
 
@@ -76,6 +84,7 @@ class PluginProcess:
         return self.process.pid
 
     async def start(self) -> None:
+        self._new_line = asyncio.Event()
         self._process = await asyncio.create_subprocess_exec(
             *self.args,
             env=self.env,
@@ -90,6 +99,19 @@ class PluginProcess:
         assert stream is not None
         async for line in stream:
             self.stderr_lines.append(line.decode("utf-8", "replace").rstrip("\n"))
+            assert self._new_line is not None
+            self._new_line.set()
+
+    async def wait_for_line(self, text: str, timeout: float = 10.0) -> str:  # noqa: ASYNC109
+        """The first stderr line containing `text`, once it has been written."""
+        assert self._new_line is not None, "not started"
+        async with asyncio.timeout(timeout):
+            while True:
+                self._new_line.clear()
+                found = next((line for line in self.stderr_lines if text in line), None)
+                if found is not None:
+                    return found
+                await self._new_line.wait()
 
     async def wait(self, timeout: float) -> int:  # noqa: ASYNC109 -- a bound, as in the tests
         code = await asyncio.wait_for(self.process.wait(), timeout)
