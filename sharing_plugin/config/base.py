@@ -69,12 +69,16 @@ class Strict(BaseModel):
 
 
 class MigStrategy(StrEnum):
+    """How MIG devices are advertised: not at all, all as nvidia.com/gpu, or per profile."""
+
     NONE = "none"
     SINGLE = "single"
     MIXED = "mixed"
 
 
 class DeviceListStrategy(StrEnum):
+    """How a container is told its devices: an env var, volume mounts or CDI names."""
+
     ENVVAR = "envvar"
     VOLUME_MOUNTS = "volume-mounts"
     CDI_ANNOTATIONS = "cdi-annotations"
@@ -82,16 +86,22 @@ class DeviceListStrategy(StrEnum):
 
 
 class DeviceIdStrategy(StrEnum):
+    """What a container is told of each device: its UUID or its index."""
+
     UUID = "uuid"
     INDEX = "index"
 
 
 class AllocationPolicy(StrEnum):
+    """How replicas are picked: spread over the GPUs, or one GPU filled first."""
+
     DISTRIBUTED = "distributed"
     PACKED = "packed"
 
 
 class DeviceDiscoveryStrategy(StrEnum):
+    """The reference's device discovery choice (accepted; devices are found through NVML)."""
+
     AUTO = "auto"
     NVML = "nvml"
     TEGRA = "tegra"
@@ -106,6 +116,8 @@ class EventType(StrEnum):
 
 
 class SharingKind(StrEnum):
+    """How a resource's devices are shared: not at all, by time-slicing, or through MPS."""
+
     NONE = "none"
     TIME_SLICING = "time-slicing"
     MPS = "mps"
