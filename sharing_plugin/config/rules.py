@@ -76,9 +76,17 @@ def raise_issues(issues: Iterable[Issue]) -> None:
         raise PydanticCustomError(RULE_ERROR, "{summary}", {"summary": summary, "issues": found})
 
 
-def advertised_name(entry: ReplicatedResource, sharing: Sharing) -> str:
-    """The name an entry's replicas are advertised under (`rename`, `<name>.shared`, or name)."""
-    if entry.rename is not None:
+def advertised_name(
+    entry: ReplicatedResource, sharing: Sharing, *, honour_rename: bool = True
+) -> str:
+    """The name an entry's replicas are advertised under: its `rename`, else `<name>.shared`
+    when its section sets renameByDefault, else its name. The one place this is decided: the
+    plan, the rules and the notes must agree on it.
+
+    `honour_rename=False` leaves the entry's own rename out: the name NVIDIA's device plugin
+    binary advertises, since it resets explicit renames at start.
+    """
+    if honour_rename and entry.rename is not None:
         return entry.rename
     return f"{entry.name}.shared" if sharing.rename_by_default else entry.name
 
@@ -313,7 +321,7 @@ def config_notes(config: Config) -> list[str]:
             continue
         for j, entry in enumerate(block.resources):
             where = f"sharing.{section}.resources[{j}]"
-            theirs = f"{entry.name}.shared" if block.rename_by_default else entry.name
+            theirs = advertised_name(entry, block, honour_rename=False)
             if entry.rename is not None and entry.rename != theirs:
                 notes.append(
                     f"{where}.rename: {REFERENCE_IGNORES} and advertises {theirs}, "
