@@ -4,11 +4,16 @@ Sections live in several modules but must read alike: frozen, camelCase keys as 
 plugin writes them, unknown keys refused, strict scalars (`"true"` is not a bool, `2.0` is not an
 int, because the reference's Go decoder refuses those too). Keeping the base, the strategy enums
 and the shared field types in one place is what keeps them alike.
+
+An `Issue` is what a rule between values reports (an overlap, a contradiction): the path inside
+the config it is about and what to do. It is a plain value, not a validation error, so that a
+rule is checked on a built config and still reported beside the field errors, at its line.
 """
 
 from __future__ import annotations
 
 import copy
+from dataclasses import dataclass
 from enum import StrEnum
 from typing import Annotated, Any
 
@@ -43,6 +48,8 @@ __all__ = [
     "DeviceListStrategy",
     "Devices",
     "EventType",
+    "Issue",
+    "Loc",
     "MigStrategy",
     "ResourceName",
     "SharingKind",
@@ -54,6 +61,17 @@ __all__ = [
 DEFAULT_IGNORED_XIDS: tuple[int, ...] = (13, 31, 43, 45, 68, 109)
 MAX_DEVICES_PER_RESOURCE = 60_000  # kubelet's 4 MiB ListAndWatch limit at ~59 bytes per device
 MIG_PROFILE_PATTERN = r"^[1-8]g\.[0-9]+gb(\+[a-z]+)*$"
+
+Loc = tuple[str | int, ...]
+"""A path inside a config, keys as written: `("sharing", "mps", "resources", 0)`."""
+
+
+@dataclass(frozen=True, slots=True)
+class Issue:
+    """A broken rule between values: where inside the config, and what to do."""
+
+    loc: Loc
+    message: str
 
 
 class Strict(BaseModel):
