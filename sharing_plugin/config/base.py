@@ -4,11 +4,16 @@ Sections live in several modules but must read alike: frozen, camelCase keys as 
 plugin writes them, unknown keys refused, strict scalars (`"true"` is not a bool, `2.0` is not an
 int, because the reference's Go decoder refuses those too). Keeping the base, the strategy enums
 and the shared field types in one place is what keeps them alike.
+
+An `Issue` is what a rule between values reports (an overlap, a contradiction): the path inside
+the config it is about and what to do. It is a plain value, not a validation error, so that a
+rule is checked on a built config and still reported beside the field errors, at its line.
 """
 
 from __future__ import annotations
 
 import copy
+from dataclasses import dataclass
 from enum import StrEnum
 from typing import Annotated, Any
 
@@ -43,6 +48,8 @@ __all__ = [
     "DeviceListStrategy",
     "Devices",
     "EventType",
+    "Issue",
+    "Loc",
     "MigStrategy",
     "ResourceName",
     "SharingKind",
@@ -54,6 +61,17 @@ __all__ = [
 DEFAULT_IGNORED_XIDS: tuple[int, ...] = (13, 31, 43, 45, 68, 109)
 MAX_DEVICES_PER_RESOURCE = 60_000  # kubelet's 4 MiB ListAndWatch limit at ~59 bytes per device
 MIG_PROFILE_PATTERN = r"^[1-8]g\.[0-9]+gb(\+[a-z]+)*$"
+
+Loc = tuple[str | int, ...]
+"""A path inside a config, keys as written: `("sharing", "mps", "resources", 0)`."""
+
+
+@dataclass(frozen=True, slots=True)
+class Issue:
+    """A broken rule between values: where inside the config, and what to do."""
+
+    loc: Loc
+    message: str
 
 
 class Strict(BaseModel):
@@ -69,12 +87,16 @@ class Strict(BaseModel):
 
 
 class MigStrategy(StrEnum):
+    """How MIG devices are advertised: not at all, all as nvidia.com/gpu, or per profile."""
+
     NONE = "none"
     SINGLE = "single"
     MIXED = "mixed"
 
 
 class DeviceListStrategy(StrEnum):
+    """How a container is told its devices: an env var, volume mounts or CDI names."""
+
     ENVVAR = "envvar"
     VOLUME_MOUNTS = "volume-mounts"
     CDI_ANNOTATIONS = "cdi-annotations"
@@ -82,16 +104,22 @@ class DeviceListStrategy(StrEnum):
 
 
 class DeviceIdStrategy(StrEnum):
+    """What a container is told of each device: its UUID or its index."""
+
     UUID = "uuid"
     INDEX = "index"
 
 
 class AllocationPolicy(StrEnum):
+    """How replicas are picked: spread over the GPUs, or one GPU filled first."""
+
     DISTRIBUTED = "distributed"
     PACKED = "packed"
 
 
 class DeviceDiscoveryStrategy(StrEnum):
+    """The reference's device discovery choice (accepted; devices are found through NVML)."""
+
     AUTO = "auto"
     NVML = "nvml"
     TEGRA = "tegra"
@@ -106,6 +134,8 @@ class EventType(StrEnum):
 
 
 class SharingKind(StrEnum):
+    """How a resource's devices are shared: not at all, by time-slicing, or through MPS."""
+
     NONE = "none"
     TIME_SLICING = "time-slicing"
     MPS = "mps"

@@ -24,11 +24,12 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
+from sharing_plugin.config import rules
+from sharing_plugin.config.advice import config_notes, config_warnings
 from sharing_plugin.config.compat import without_nulls
 from sharing_plugin.config.locate import Origin, Remap, block_remap, entry_said, joined
 from sharing_plugin.config.messages import validation_problems
 from sharing_plugin.config.model import DEFAULT_IGNORED_XIDS, Config
-from sharing_plugin.config.rules import config_notes, config_warnings
 from sharing_plugin.config.yamldoc import Document, Mark, YamlProblem, decode, read
 from sharing_plugin.errors import ConfigError, Problem
 
@@ -109,15 +110,19 @@ def _config(doc: Document, *, file: str, prefix: str = "", remap: Remap = lambda
                 )
             ]
         )
+    data = without_nulls(doc.value)
     try:
-        return Config.model_validate(without_nulls(doc.value), by_alias=True, by_name=False)
+        config = Config.model_validate(data, by_alias=True, by_name=False)
     except ValidationError as exc:
-        raise ConfigError(
-            [
-                _problem(file, path(where), message, remap(mark))
-                for where, message, mark in validation_problems(exc, doc)
-            ]
-        ) from None
+        found = validation_problems(exc, doc, rules.issues_beside(data, exc))
+    else:
+        broken = rules.issues(config)
+        if not broken:
+            return config
+        found = validation_problems(None, doc, broken)
+    raise ConfigError(
+        [_problem(file, path(where), message, remap(mark)) for where, message, mark in found]
+    )
 
 
 def _read_doc(

@@ -2,7 +2,9 @@
 
 Pydantic reports *where* as a `loc` tuple inside the data and *what* in its own words; the admin
 needs file:line:col, the dotted path as written in the YAML, and a plain sentence with the fix
-("did you mean 'renameByDefault'?", "belongs under sharing.timeSlicing").
+("did you mean 'renameByDefault'?", "belongs under sharing.timeSlicing"). Broken rules between
+values arrive as issues, each with its own `loc` and sentence, and are placed by the same code,
+so a field error and a broken rule read alike and come in one document order.
 """
 
 from __future__ import annotations
@@ -10,19 +12,30 @@ from __future__ import annotations
 import difflib
 import types
 import typing
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from pydantic import BaseModel, ValidationError
 from yaml.nodes import MappingNode
 
+from sharing_plugin.config.base import Issue, Loc
 from sharing_plugin.config.compat import RefusedNull
 from sharing_plugin.config.model import MAX_DEVICES_PER_RESOURCE, Config
-from sharing_plugin.config.rules import RULE_ERROR, Issue, format_loc
 from sharing_plugin.config.yamldoc import Document, Mark
 
-Loc = tuple[str | int, ...]
 Remap = Callable[[Mark], Mark]
+
+
+def format_loc(loc: Loc) -> str:
+    """`("sharing", "mps", "resources", 0)` -> `sharing.mps.resources[0]`."""
+    out = ""
+    for part in loc:
+        if isinstance(part, str) and not part.isprintable():
+            # A quoted key with a newline or control character: keep the message one line.
+            out += f"[{part!r}]"
+            continue
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else part)
+    return out
 
 
 def _submodels(annotation: Any) -> Iterator[tuple[type[BaseModel], bool]]:
@@ -147,15 +160,10 @@ def _message(error: Any, loc: Loc) -> str:
 
 
 def _errors(exc: ValidationError) -> Iterator[tuple[Loc, str, bool]]:
-    """(loc, message, points at key) for every error, with rule errors split into their issues."""
+    """(loc, message, points at key) for every error."""
     for error in exc.errors(include_url=False):
         loc: Loc = tuple(error["loc"])
         ctx = error.get("ctx") or {}
-        if error["type"] == RULE_ERROR:
-            for issue in ctx["issues"]:
-                assert isinstance(issue, Issue)
-                yield (*loc, *issue.loc), issue.message, False
-            continue
         # An empty key has no value to point at: its key is where the reader looks.
         on_key = error["type"] == "extra_forbidden" or isinstance(error.get("input"), RefusedNull)
         if error["type"] == "device_selection" and ctx.get("index") is not None:
@@ -181,10 +189,17 @@ def locate(doc: Document, loc: Loc, *, on_key: bool) -> Mark:
     return doc.values.get((), Mark(0, 0))
 
 
-def validation_problems(exc: ValidationError, doc: Document) -> list[tuple[str, str, Mark]]:
-    """(dotted path, message, mark) for each error, in document order."""
+def validation_problems(
+    exc: ValidationError | None, doc: Document, issues: Iterable[Issue] = ()
+) -> list[tuple[str, str, Mark]]:
+    """(dotted path, message, mark) for each field error and each broken rule, in document
+    order (at one position, field errors first: a broken rule and a field error never share
+    one in practice, since a section is checked only when its own fields are valid)."""
+    said = [
+        *(_errors(exc) if exc is not None else ()),
+        *((i.loc, i.message, False) for i in issues),
+    ]
     found = [
-        (format_loc(loc), message, locate(doc, loc, on_key=on_key))
-        for loc, message, on_key in _errors(exc)
+        (format_loc(loc), message, locate(doc, loc, on_key=on_key)) for loc, message, on_key in said
     ]
     return sorted(found, key=lambda item: (item[2].line, item[2].column))

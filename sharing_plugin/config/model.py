@@ -5,8 +5,11 @@ A config is resolved once, at load: defaults filled, resource names normalised t
 spellings folded into ours. Later code never checks for ``None`` or re-parses strings. Defined
 here: the sections that say what is advertised and how it is shared or partitioned, and the
 whole `Config`. The base model, enums and run-time option sections are defined beside it and
-re-exported, so the model is imported from one place. Rules that span fields are checked in one
-place per section and reported together, each with the path it is about.
+re-exported, so the model is imported from one place.
+
+A section here checks its own fields only. Rules between values (entries that overlap, two
+sharing modes, sizes given twice) read the built model and report issues beside the field
+errors: the model does not know them, so imports run one way, from the rules to the model.
 """
 
 from __future__ import annotations
@@ -25,11 +28,9 @@ from pydantic import (
     WithJsonSchema,
     field_validator,
     model_serializer,
-    model_validator,
 )
 from pydantic_core import PydanticCustomError
 
-from sharing_plugin.config import rules
 from sharing_plugin.config.base import (
     DEFAULT_IGNORED_XIDS,
     MAX_DEVICES_PER_RESOURCE,
@@ -166,30 +167,6 @@ class MpsResource(ReplicatedResource):
     """Let the clients' memory limits on a GPU add up to this many times its memory (e.g.
     1.5); a warning says where they do."""
 
-    @model_validator(mode="after")
-    def _sized_once(self) -> MpsResource:
-        issues = []
-        given = "replicas" in self.model_fields_set
-        if given and self.replicas < 1:
-            issues.append(rules.Issue(("replicas",), f"must be >= 1 (got {self.replicas})"))
-        if given and self.memory_per_replica is not None:
-            issues.append(
-                rules.Issue(
-                    ("memoryPerReplica",),
-                    "replicas and memoryPerReplica both size the resource: keep one of them",
-                )
-            )
-        if not given and self.memory_per_replica is None:
-            issues.append(
-                rules.Issue(
-                    (),
-                    "say how many clients share each GPU: set replicas (e.g. 4), or "
-                    "memoryPerReplica (e.g. 10Gi) to size them by GPU memory",
-                )
-            )
-        rules.raise_issues(issues)
-        return self
-
     @model_serializer(mode="wrap")
     def _dump(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
         data: dict[str, Any] = handler(self)
@@ -227,11 +204,6 @@ class Sharing(Strict):
             )
         return value
 
-    @model_validator(mode="after")
-    def _entries(self) -> Sharing:
-        rules.raise_issues(rules.sharing_issues(self))
-        return self
-
 
 class MpsSharing(Sharing):
     """`sharing.mps`: like time-slicing, but over-sized requests are refused by default."""
@@ -262,20 +234,6 @@ class SharingSection(Strict):
     def active(self) -> Sharing | None:
         return self.mps or self.time_slicing
 
-    @model_validator(mode="after")
-    def _one_mode(self) -> SharingSection:
-        if self.time_slicing is not None and self.mps is not None:
-            rules.raise_issues(
-                [
-                    rules.Issue(
-                        ("mps",),
-                        "timeSlicing and mps cannot both be set: a GPU is shared one way; "
-                        "keep one of the two sections",
-                    )
-                ]
-            )
-        return self
-
 
 class MigLayout(Strict):
     """One `partitioning.mig` entry: the MIG layout wanted on the selected GPUs."""
@@ -289,25 +247,12 @@ class MigLayout(Strict):
     ] = Field(default_factory=dict)
     """MIG profile -> how many instances of it (e.g. {1g.10gb: 2, 2g.20gb: 1})."""
 
-    @model_validator(mode="after")
-    def _profiles_need_mig(self) -> MigLayout:
-        if not self.enabled and self.profiles:
-            rules.raise_issues(
-                [rules.Issue(("profiles",), "profiles need MIG: remove them or set enabled: true")]
-            )
-        return self
-
 
 class Partitioning(Strict):
     """Declared device layouts, applied by the plugin."""
 
     mig: tuple[MigLayout, ...] = ()
     """MIG layouts; entries must select disjoint GPUs."""
-
-    @model_validator(mode="after")
-    def _disjoint(self) -> Partitioning:
-        rules.raise_issues(rules.partitioning_issues(self))
-        return self
 
 
 class Config(Strict):
@@ -328,8 +273,3 @@ class Config(Strict):
     """Declared MIG layouts; absent: the plugin never changes MIG."""
     imex: Imex | None = None
     """IMEX channels: accepted for compatibility; has no effect here."""
-
-    @model_validator(mode="after")
-    def _across_sections(self) -> Config:
-        rules.raise_issues(rules.config_issues(self))
-        return self

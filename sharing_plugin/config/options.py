@@ -3,22 +3,25 @@
 Most keys here come from the reference plugin's command line and are kept so that its configs
 load unchanged; those we cannot honour are accepted and reported as having no effect rather than
 refused. Health accepts both our spellings and the reference's newer ones and folds them into
-ours once, during validation, so later code reads one meaning.
+ours once, during validation, so later code reads one meaning. Spellings that contradict each
+other cannot be folded: such a section is left as written, and the contradictions are reported
+as issues by the rules checked on the built config.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Annotated, Any
 
 from pydantic import Field, StrictBool, StrictInt, StrictStr, model_validator
 
-from sharing_plugin.config import rules
 from sharing_plugin.config.base import (
     DEFAULT_IGNORED_XIDS,
     AllocationPolicy,
     DeviceIdStrategy,
     DeviceListStrategy,
     EventType,
+    Issue,
     MigStrategy,
     Strict,
     Xid,
@@ -31,7 +34,15 @@ from sharing_plugin.config.compat import (
     ImexChannelIds,
 )
 
-__all__ = ["Flags", "GfdFlags", "Health", "Imex", "PluginFlags"]
+__all__ = [
+    "Flags",
+    "GfdFlags",
+    "Health",
+    "HealthResolution",
+    "Imex",
+    "PluginFlags",
+    "resolve_health",
+]
 
 
 class PluginFlags(Strict):
@@ -138,22 +149,79 @@ class Health(Strict):
 
     @model_validator(mode="after")
     def _resolve(self) -> Health:
-        resolved = rules.resolve_health(self)
-        rules.raise_issues(resolved.issues)
-        if self.recovery_check_max_seconds < self.recovery_check_seconds:
-            rules.raise_issues(
-                [
-                    rules.Issue(
-                        ("recoveryCheckMaxSeconds",),
-                        f"must be >= recoveryCheckSeconds ({self.recovery_check_seconds}); "
-                        f"got {self.recovery_check_max_seconds}",
-                    )
-                ]
-            )
-        # Still inside validation, before anyone holds the instance: the one place the frozen
-        # model is written, so that no later code sees the reference's spellings.
-        self.__dict__.update(resolved.update)
+        resolved = resolve_health(self)
+        # Spellings that contradict each other are left as written, for the rules to report;
+        # the loader never hands out such a section.
+        if not resolved.contradictions:
+            # Still inside validation, before anyone holds the instance: the one place the
+            # frozen model is written, so that no later code sees the reference's spellings.
+            self.__dict__.update(resolved.update)
         return self
+
+
+@dataclass(frozen=True, slots=True)
+class HealthResolution:
+    """The health section in our terms (fields to set) and what contradicts itself in it."""
+
+    update: dict[str, Any]
+    contradictions: tuple[Issue, ...]  # paths inside the section
+
+
+def _yaml_bool(value: bool) -> str:
+    return "true" if value else "false"
+
+
+def resolve_health(health: Health) -> HealthResolution:
+    """Fold the reference's health keys into ours, with the reference's meaning.
+
+    `disabled` is `not enabled`; `ignoredXIDs` is `ignoredXids`; an Xid in both an ignored list
+    that was written and `criticalXIDs` is an error, as in the reference; `eventTypes` without
+    Xid critical errors means no Xid is watched, so none is critical. A resolved section has
+    nothing left to contradict.
+    """
+    given = health.model_fields_set
+    issues: list[Issue] = []
+    enabled = health.enabled
+    if health.disabled is not None:
+        if "enabled" in given and health.enabled == health.disabled:
+            said = (
+                f"enabled: {_yaml_bool(health.enabled)} and disabled: "
+                f"{_yaml_bool(health.disabled)} contradict each other; keep one of the two"
+            )
+            issues += [Issue(("enabled",), said), Issue(("disabled",), said)]
+        enabled = not health.disabled
+    ignored = health.ignored_xids
+    ignored_written = "ignored_xids" in given
+    if health.ignored_xids_reference is not None:
+        if ignored_written:
+            issues.append(
+                Issue(
+                    ("ignoredXIDs",),
+                    "give one of ignoredXids or ignoredXIDs: they are two spellings of the "
+                    "same list",
+                )
+            )
+        ignored, ignored_written = health.ignored_xids_reference, True
+    critical = health.critical_xids
+    if critical is not None and ignored_written:
+        for i, xid in enumerate(critical):
+            if xid in ignored:
+                issues.append(
+                    Issue(
+                        ("criticalXIDs", i),
+                        f"XID {xid} is in both ignored and critical lists; remove it from one",
+                    )
+                )
+    if health.event_types and EventType.XID_CRITICAL_ERROR not in health.event_types:
+        critical = ()
+    update = {
+        "enabled": enabled,
+        "ignored_xids": ignored,
+        "critical_xids": critical,
+        "disabled": None,
+        "ignored_xids_reference": None,
+    }
+    return HealthResolution(update, tuple(issues))
 
 
 class Imex(Strict):

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import NamedTuple
 
+from sharing_plugin.config.advice import plan_envvar_trap
 from sharing_plugin.config.model import (
     MAX_DEVICES_PER_RESOURCE,
     Config,
@@ -18,7 +19,6 @@ from sharing_plugin.config.model import (
     ResourcePattern,
 )
 from sharing_plugin.config.names import glob_matches
-from sharing_plugin.config.rules import plan_envvar_trap
 from sharing_plugin.errors import PlanError, Problem
 from sharing_plugin.gpus.inventory import Gpu, Inventory, MigDevice
 from sharing_plugin.plan.model import DeviceId, Plan, ResourcePlan, VirtualDevice

@@ -25,6 +25,7 @@ from sharing_plugin.config.model import (
     UuidRef,
 )
 from sharing_plugin.config.names import glob_matches
+from sharing_plugin.config.rules import advertised_name
 from sharing_plugin.errors import Problem
 from sharing_plugin.gpus.inventory import Inventory
 from sharing_plugin.plan.model import ResourcePlan, VirtualDevice, replica_id
@@ -303,9 +304,7 @@ def apply_sharing(
         problems.extend(found.problems)
         warnings.extend(found.warnings)
         selected = found.devices
-        target = entry.rename or (
-            f"{entry.name}.shared" if sharing.rename_by_default else entry.name
-        )
+        target = advertised_name(entry, sharing)
         sources.setdefault(target, path)
         for d in selected:
             earlier = shares.get(d.physical)

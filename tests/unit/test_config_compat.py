@@ -11,6 +11,7 @@ import yaml_fast
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from sharing_plugin.config.advice import config_notes
 from sharing_plugin.config.compat import GO_MAX_DURATION
 from sharing_plugin.config.loader import dump_config, parse_config
 from sharing_plugin.config.model import (
@@ -19,7 +20,6 @@ from sharing_plugin.config.model import (
     DeviceDiscoveryStrategy,
     EventType,
 )
-from sharing_plugin.config.rules import config_notes
 from sharing_plugin.daemon.health_monitor import HealthEnv
 from sharing_plugin.errors import ConfigError
 

@@ -14,7 +14,7 @@ from typing import Any
 
 from plan_factory import T4, config, gpu, node, time_slicing
 
-from sharing_plugin.config.rules import config_warnings
+from sharing_plugin.config.advice import config_warnings
 from sharing_plugin.plan import plan
 
 TRAP = "flags.plugin.deviceListStrategy: envvar with"

@@ -185,6 +185,12 @@ def test_every_object_and_every_section_has_a_description() -> None:
     assert missing == []
 
 
+def test_every_definition_has_a_description() -> None:
+    # Editors show a definition's description on hover wherever it is referenced; an enum
+    # without one shows only its values.
+    assert [name for name, node in SCHEMA["$defs"].items() if not node.get("description")] == []
+
+
 def test_top_level_sections_say_what_they_are() -> None:
     sections = SCHEMA["properties"]
     for key in ("flags", "sharing", "health", "resources", "partitioning", "imex"):
