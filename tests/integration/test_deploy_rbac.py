@@ -273,10 +273,12 @@ async def a_node_s_life(node: Deployed) -> None:
     assert run.capacity() == {GPU: 8}  # deploy/configmap.yaml's default: whole GPUs
     node.edit("default", sliced(2))
     await run.kubelet.wait_for(lambda: run.kubelet.capacity(GPU) == 16, timeout=10)
-    node.edit("default", sliced(0))
-    await eventually(lambda: run.daemon.status.last_error is not None)
-    assert run.capacity() == {GPU: 16}  # the last good config keeps serving
-    run.daemon.request_reload()
+    with run.daemon.pipeline.outcomes() as outcomes:
+        node.edit("default", sliced(0))
+        await outcomes.rejected()
+        assert run.capacity() == {GPU: 16}  # the last good config keeps serving
+        run.daemon.request_reload()
+        await outcomes.rejected()
     # The same rejection again: its event is patched (a count bump), granted or not.
     await eventually(
         lambda: any(r.method == "PATCH" and "/events/" in r.path for r in api.requests)
