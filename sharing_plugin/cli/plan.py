@@ -89,12 +89,12 @@ def _cmd_plan(args: argparse.Namespace) -> int:
 
 def _plan_node(args: argparse.Namespace) -> int:
     from sharing_plugin.backends import backend_from_spec, names_node_file
+    from sharing_plugin.cli.render import plan_json, plan_table
     from sharing_plugin.config.loader import select
     from sharing_plugin.nvml.discover import discover
-    from sharing_plugin.plan.labels import labels, render_labels
     from sharing_plugin.plan.node import plan_node
-    from sharing_plugin.plan.render import plan_json, plan_table
     from sharing_plugin.sources.files import problem_line
+    from sharing_plugin.views.labels import labels, render_labels
 
     # With --format json or labels, stdout is that output or nothing: problem lines go to stderr.
     problems_to = sys.stdout if args.format == "table" else sys.stderr
@@ -143,7 +143,7 @@ def _plan_node(args: argparse.Namespace) -> int:
         else:
             import yaml
 
-            from sharing_plugin.plan.dra import dra_documents
+            from sharing_plugin.views.dra import dra_documents
 
             documents = dra_documents(config, node, args.node_name, args.driver_name)
             sys.stdout.write(yaml.safe_dump_all(documents, sort_keys=False))
@@ -172,7 +172,8 @@ def _read_nodes(name: str) -> Any:
 
 
 def _plan_fleet(args: argparse.Namespace) -> int:
-    from sharing_plugin.plan.fleet import NodesDocumentError, fleet_json, fleet_table, fleet_view
+    from sharing_plugin.cli.render import fleet_json, fleet_table
+    from sharing_plugin.fleet.view import NodesDocumentError, fleet_view
     from sharing_plugin.sources.files import problem_line
 
     if args.format in ("labels", "dra"):

@@ -50,11 +50,11 @@ from sharing_plugin.nvml.discover import discover
 from sharing_plugin.observability.http_server import MetricsServer
 from sharing_plugin.observability.metrics import Metrics
 from sharing_plugin.observability.status import StatusBoard
-from sharing_plugin.plan.dra import DEFAULT_DRIVER, PublishedDevice, dra_devices
 from sharing_plugin.plan.model import Plan
 from sharing_plugin.plan.node import plan_node
 from sharing_plugin.sources.filewatch import ConfigUpdate
 from sharing_plugin.sources.nodelabel import NodeLabelWatcher
+from sharing_plugin.views.dra import DEFAULT_DRIVER, PublishedDevice, dra_devices
 
 if TYPE_CHECKING:
     from lightkube import AsyncClient

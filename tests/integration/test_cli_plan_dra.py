@@ -10,10 +10,10 @@ import yaml_fast
 from sharing_plugin.cli import main
 from sharing_plugin.config.loader import select
 from sharing_plugin.nvml.discover import discover
-from sharing_plugin.plan.dra import dra_documents
 from sharing_plugin.plan.node import plan_node
 from sharing_plugin.sim.nvml.simulated import SimulatedNvml
 from sharing_plugin.sources.files import load_configs
+from sharing_plugin.views.dra import dra_documents
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "config" / "examples" / "time-slicing.yaml"

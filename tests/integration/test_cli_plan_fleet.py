@@ -13,8 +13,8 @@ from sharing_plugin.backends import backend_from_spec
 from sharing_plugin.cli import main
 from sharing_plugin.config.loader import parse_configs
 from sharing_plugin.nvml.discover import discover
-from sharing_plugin.plan.labels import labels
 from sharing_plugin.plan.node import plan_node
+from sharing_plugin.views.labels import labels
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "config" / "examples"

@@ -10,23 +10,22 @@ from typing import Any
 
 import pytest
 
+from sharing_plugin.cli.render import fleet_json, fleet_table
 from sharing_plugin.config.loader import NamedConfigs, parse_configs
 from sharing_plugin.config.model import Config
 from sharing_plugin.errors import PlanError
-from sharing_plugin.nvml.discover import discover
-from sharing_plugin.plan.fleet import (
+from sharing_plugin.fleet.view import (
     NodeLabelsError,
     NodesDocumentError,
     NodeStatus,
-    fleet_json,
-    fleet_table,
     fleet_view,
     node_inventory,
 )
-from sharing_plugin.plan.labels import labels
+from sharing_plugin.nvml.discover import discover
 from sharing_plugin.plan.node import plan_node
 from sharing_plugin.sim.nvml.simulated import SimulatedNvml
 from sharing_plugin.sources.files import problem_line
+from sharing_plugin.views.labels import labels
 
 CONFIGMAP = """\
 apiVersion: v1

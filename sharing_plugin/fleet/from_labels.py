@@ -32,7 +32,7 @@ from sharing_plugin.gpus.catalog import MODELS, GpuModel, MigProfileSpec, model_
 from sharing_plugin.gpus.inventory import Gpu, GpuUuid, Inventory, MigDevice, MigUuid
 from sharing_plugin.mig.layout import MigCreate
 from sharing_plugin.mig.solver import place_layout
-from sharing_plugin.plan.labels import GPU_RESOURCE, label_value
+from sharing_plugin.views.labels import GPU_RESOURCE, label_value
 
 __all__ = ["NodeLabelsError", "node_inventory"]
 
