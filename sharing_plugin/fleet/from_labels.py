@@ -137,6 +137,7 @@ def _inventory(described: Sequence[_Described], mig_memory: Mapping[str, int]) -
                 compute_capability=node.compute_capability,
                 mig_capable=node.mig_capable,
                 mig_enabled=node.layout is not None,
+                mig_pending=node.layout is not None,  # as discovered: no mode change waits
                 mig_devices=tuple(migs),
             )
         )

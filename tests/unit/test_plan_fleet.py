@@ -519,3 +519,24 @@ def test_every_gpu_node_of_a_mixed_fleet_is_planned_never_skipped(seed: int) -> 
         all_or_none = len({bool(g.get("mig")) for g in gpus}) == 1
         if all_or_none:  # else labels cannot say how many GPUs are advertised whole
             assert got == want
+
+
+def test_mig_gpus_rebuilt_from_labels_wait_for_no_mode_change() -> None:
+    # As discovery reports a MIG GPU (current and pending mode on): turning MIG off is a plan,
+    # not "pending a GPU reset", and the node then advertises its GPUs whole.
+    off = parse_configs(
+        "version: v1\nflags:\n  migStrategy: mixed\npartitioning:\n"
+        "  mig:\n    - devices: all\n      enabled: false\n",
+        file="off.yaml",
+    )
+    document = {
+        "kind": "List",
+        "items": [{"metadata": {"name": "m", "labels": KINDS["mig-mixed"]}}],
+    }
+    (result,) = fleet_view(document, off).nodes
+    assert result.status is NodeStatus.PLANNED, result.errors
+    assert advertised(result.resources) == {"nvidia.com/gpu": (2, 2)}
+    assert not [line for line in result.mig if "pending" in line or "reset" in line]
+    assert [line for line in result.mig if line.strip() == "disable MIG mode"] == [
+        "  disable MIG mode"
+    ] * 2
