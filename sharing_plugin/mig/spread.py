@@ -73,10 +73,7 @@ def spread_layouts(
             f"{sum(vector)} MIG devices ({_describe(names, vector)}) do not fit {where} of the "
             f"{model.display_name} as its placement rules allow"
         )
-    return tuple(
-        place_layout(model, [n for n, c in zip(names, share, strict=True) for _ in range(c)])
-        for share in shares
-    )
+    return tuple(_placed(model, names, share) for share in shares)
 
 
 @lru_cache(maxsize=1024)
@@ -89,7 +86,8 @@ def _split(
     """
     assert model.mig is not None
     profiles = _Profiles(model.mig, names)
-    search = _Search(profiles, _shares(model, names, counts))
+    most = tuple(min(n, s.max_count) for n, s in zip(counts, profiles.specs, strict=True))
+    search = _Search(profiles, _shares(model, names, most))
     # Each GPU holds at least one device, so more GPUs than devices never help.
     for used in range(profiles.gpus_needed(counts), min(gpus, sum(counts)) + 1):
         even = _even(model, names, counts, used)
@@ -109,9 +107,11 @@ def _even(model: GpuModel, names: tuple[str, ...], counts: Counts, used: int) ->
     return share if _fits(model, names, share) else None
 
 
-def _shares(model: GpuModel, names: tuple[str, ...], counts: Counts) -> tuple[Counts, ...]:
-    """Every non-empty share of `counts` one GPU holds: the most memory slices first, then the
-    larger profiles first, so the search tries full GPUs before half-empty ones."""
+@lru_cache(maxsize=1024)
+def _shares(model: GpuModel, names: tuple[str, ...], most: Counts) -> tuple[Counts, ...]:
+    """Every non-empty share of at most `most` devices per profile that one GPU holds: the most
+    memory slices first, then the larger profiles first, so the search tries full GPUs before
+    half-empty ones. Cached: nodes of one model ask with the same few bounds."""
     mig = model.mig
     assert mig is not None
     specs = [_spec(mig, n) for n in names]
@@ -124,7 +124,7 @@ def _shares(model: GpuModel, names: tuple[str, ...], counts: Counts) -> tuple[Co
                 found.append(tuple(prefix))
             return
         spec = specs[i]
-        for n in range(min(counts[i], spec.max_count) + 1):
+        for n in range(most[i] + 1):
             more = slices + n * spec.memory_slices
             if more > mig.memory_slices or instances + n > mig.max_instances:
                 break  # cheap bounds first: the solver is asked only what could fit
@@ -146,6 +146,12 @@ def _fits(model: GpuModel, names: tuple[str, ...], share: Counts) -> bool:
     except MigError:
         return False
     return True
+
+
+@lru_cache(maxsize=4096)
+def _placed(model: GpuModel, names: tuple[str, ...], share: Counts) -> tuple[MigCreate, ...]:
+    """The solver's placements of one GPU's share, as for a layout declared on an empty GPU."""
+    return place_layout(model, [n for n, c in zip(names, share, strict=True) for _ in range(c)])
 
 
 class _Profiles:
