@@ -26,8 +26,9 @@ from typing import Any
 
 from figures import FigureLog, add_json_option, ms
 
+from sharing_plugin.cli.render import fleet_json, fleet_table
 from sharing_plugin.config.loader import parse_configs
-from sharing_plugin.plan.fleet import NodeStatus, fleet_json, fleet_table, fleet_view
+from sharing_plugin.fleet.view import NodeStatus, fleet_view
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "config" / "examples"

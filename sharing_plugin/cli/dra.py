@@ -23,7 +23,7 @@ from sharing_plugin.cli.common import (
 if TYPE_CHECKING:
     from sharing_plugin.daemon.dra import DraDaemon, DraOptions
 
-DEFAULT_DRIVER = "gpu.sharing-plugin.io"  # plan.dra.DEFAULT_DRIVER, without importing the plan
+DEFAULT_DRIVER = "gpu.sharing-plugin.io"  # views.dra.DEFAULT_DRIVER, without importing the views
 DRA_FLAGS: tuple[Flag, ...] = (
     ("--driver-name", "DRIVER_NAME", DEFAULT_DRIVER, "DRA driver name (a DNS subdomain)"),
     (

@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
-from sharing_plugin.cli.common import EXIT_INVALID, EXIT_OK, EXIT_USAGE, STDIN
+from sharing_plugin.cli.common import EXIT_INVALID, EXIT_OK, EXIT_USAGE, STDIN, add_env_flags
 from sharing_plugin.cli.dra import DEFAULT_DRIVER
 from sharing_plugin.errors import ConfigError, PlanError, SharingPluginError
 
@@ -20,6 +20,10 @@ if TYPE_CHECKING:
     from collections.abc import Sequence
 
     from sharing_plugin.config.loader import LoadedConfig, NamedConfigs
+
+# A placeholder no real node is likely to be called, yet a name the API server accepts, so that
+# the printed pool applies unchanged; NODE_NAME (as the DaemonSet sets it) gives the real one.
+DEFAULT_NODE_NAME = "example-node"
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -44,8 +48,16 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="labels: the node's GFD-compatible labels, sorted key=value lines; dra: the "
         "DeviceClasses and ResourceSlices run-dra publishes, as YAML (both --gpus only)",
     )
-    plan.add_argument(
-        "--node-name", default="NODE", metavar="NAME", help="the node's name in --format dra"
+    add_env_flags(
+        plan,
+        [
+            (
+                "--node-name",
+                "NODE_NAME",
+                DEFAULT_NODE_NAME,
+                "the node's name in --format dra: its pool and nodeName (a DNS subdomain)",
+            )
+        ],
     )
     plan.add_argument(
         "--driver-name",
@@ -89,12 +101,22 @@ def _cmd_plan(args: argparse.Namespace) -> int:
 
 def _plan_node(args: argparse.Namespace) -> int:
     from sharing_plugin.backends import backend_from_spec, names_node_file
+    from sharing_plugin.views.dra import is_dns_subdomain
+
+    if args.format == "dra" and not is_dns_subdomain(args.node_name):
+        print(
+            "sharing-plugin plan: --node-name (NODE_NAME) must be a node's name, a lower-case "
+            "DNS subdomain of at most 253 characters: letters, digits, '-' and '.', each part "
+            f"starting and ending with a letter or digit (got {args.node_name!r})",
+            file=sys.stderr,
+        )
+        return EXIT_USAGE
+    from sharing_plugin.cli.render import plan_json, plan_table
     from sharing_plugin.config.loader import select
     from sharing_plugin.nvml.discover import discover
-    from sharing_plugin.plan.labels import labels, render_labels
     from sharing_plugin.plan.node import plan_node
-    from sharing_plugin.plan.render import plan_json, plan_table
     from sharing_plugin.sources.files import problem_line
+    from sharing_plugin.views.labels import labels, render_labels
 
     # With --format json or labels, stdout is that output or nothing: problem lines go to stderr.
     problems_to = sys.stdout if args.format == "table" else sys.stderr
@@ -143,7 +165,7 @@ def _plan_node(args: argparse.Namespace) -> int:
         else:
             import yaml
 
-            from sharing_plugin.plan.dra import dra_documents
+            from sharing_plugin.views.dra import dra_documents
 
             documents = dra_documents(config, node, args.node_name, args.driver_name)
             sys.stdout.write(yaml.safe_dump_all(documents, sort_keys=False))
@@ -172,7 +194,8 @@ def _read_nodes(name: str) -> Any:
 
 
 def _plan_fleet(args: argparse.Namespace) -> int:
-    from sharing_plugin.plan.fleet import NodesDocumentError, fleet_json, fleet_table, fleet_view
+    from sharing_plugin.cli.render import fleet_json, fleet_table
+    from sharing_plugin.fleet.view import NodesDocumentError, fleet_view
     from sharing_plugin.sources.files import problem_line
 
     if args.format in ("labels", "dra"):

@@ -47,7 +47,7 @@ from sharing_plugin.nvml.api import NvmlApi
 from sharing_plugin.observability.http_server import MetricsServer
 from sharing_plugin.observability.metrics import Metrics
 from sharing_plugin.observability.status import StatusBoard
-from sharing_plugin.plan.dra import DEFAULT_DRIVER, PublishedDevice, dra_devices
+from sharing_plugin.views.dra import DEFAULT_DRIVER, PublishedDevice, dra_devices
 
 if TYPE_CHECKING:
     from lightkube import AsyncClient

@@ -5,7 +5,7 @@ applied), and the devices prepared claims hold. Whatever changes one of them mar
 dirty; one task writes the newest pool, so a burst of reloads or health events is one write and
 two writers never race. A failed write is retried with backoff (0.2 s doubling to 10 s by
 default). Held devices the plan dropped stay published until their claim is unprepared (the
-draining rule, `plan.dra.pool_devices`). `registered()` asks for a forced publish, which checks
+draining rule, `views.dra.pool_devices`). `registered()` asks for a forced publish, which checks
 the API and rewrites what the kubelet deleted.
 """
 
@@ -19,7 +19,7 @@ from sharing_plugin.dra.prepare import PoolState
 from sharing_plugin.dra.slices import SlicePublisher
 from sharing_plugin.errors import KubeApiError
 from sharing_plugin.observability.status import StatusBoard
-from sharing_plugin.plan.dra import PublishedDevice, pool_devices
+from sharing_plugin.views.dra import PublishedDevice, pool_devices
 
 log = logging.getLogger(__name__)
 

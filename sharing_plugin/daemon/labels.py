@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING
 from sharing_plugin.config.model import Config
 from sharing_plugin.gpus.inventory import Inventory
 from sharing_plugin.observability.labels_file import LabelsFile, LabelsFileError
-from sharing_plugin.plan.labels import labels_for
 from sharing_plugin.plan.model import Plan
+from sharing_plugin.views.labels import labels_for
 
 if TYPE_CHECKING:
     from sharing_plugin.observability.nodestatus import NodeStatusReporter

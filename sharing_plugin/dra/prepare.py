@@ -25,9 +25,9 @@ from sharing_plugin.dra.cdi import CdiSpecDir
 from sharing_plugin.dra.checkpoint import Checkpoint, PreparedClaim, PreparedDevice
 from sharing_plugin.dra.claims import ClaimReader, ClaimRef
 from sharing_plugin.errors import AllocationError, KubeApiError
-from sharing_plugin.plan.cdi import cdi_id, claim_spec, spec_file_name
-from sharing_plugin.plan.dra import DraDevice, PublishedDevice
 from sharing_plugin.plan.model import Plan
+from sharing_plugin.views.cdi import cdi_id, claim_spec, spec_file_name
+from sharing_plugin.views.dra import DraDevice, PublishedDevice
 
 log = logging.getLogger(__name__)
 

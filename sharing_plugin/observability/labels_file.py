@@ -21,7 +21,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from sharing_plugin.errors import SharingPluginError
-from sharing_plugin.plan.labels import render_labels
+from sharing_plugin.views.labels import render_labels
 
 __all__ = ["LabelsFile", "LabelsFileError"]
 

@@ -27,7 +27,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, cast
 
-from sharing_plugin.plan.labels import owns
+from sharing_plugin.views.labels import owns
 
 if TYPE_CHECKING:
     from lightkube import AsyncClient

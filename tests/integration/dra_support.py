@@ -10,7 +10,7 @@ from sharing_plugin.config.model import Config
 from sharing_plugin.gpus.inventory import Inventory
 from sharing_plugin.nvml.discover import discover
 from sharing_plugin.plan import plan
-from sharing_plugin.plan.dra import PublishedDevice, dra_devices, pool_devices
+from sharing_plugin.views.dra import PublishedDevice, dra_devices, pool_devices
 
 
 @cache

@@ -13,8 +13,8 @@ from sharing_plugin.backends import backend_from_spec
 from sharing_plugin.cli import main
 from sharing_plugin.config.loader import parse_configs
 from sharing_plugin.nvml.discover import discover
-from sharing_plugin.plan.labels import labels
 from sharing_plugin.plan.node import plan_node
+from sharing_plugin.views.labels import labels
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "config" / "examples"
@@ -285,3 +285,58 @@ def test_fleet_input_errors(
     out, err = capsys.readouterr()
     assert out == "" and err.startswith(f"{bad}:2:16: flags.migStrategy")
     assert main(["plan", "--config", str(tmp_path / "x.yaml"), "--nodes", str(nodes)]) == 2
+
+
+BALANCED_LAYOUT = """\
+version: v1
+flags:
+  migStrategy: mixed
+partitioning:
+  mig:
+    - devices: all
+      profiles: {3g.40gb: 1, 2g.20gb: 1, 1g.10gb: 2}
+"""
+
+
+def test_a_declared_layout_plans_alike_from_the_node_and_from_its_labels(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Two A100-80GB laid out as mig-parted's all-balanced: their labels count 2 x 3g.40gb,
+    # 2 x 2g.20gb and 4 x 1g.10gb, and the fleet view must spread them as `plan --gpus` places
+    # the declared layout, so planning the same config from the labels has nothing to change.
+    node = tmp_path / "node.yaml"
+    node.write_text(
+        "gpus:\n  - product: NVIDIA A100-SXM4-80GB\n    count: 2\n    mig: {enabled: true}\n"
+    )
+    config = tmp_path / "balanced.yaml"
+    config.write_text(BALANCED_LAYOUT)
+    one_node = ["plan", "--config", str(config), "--gpus", f"simulated:{node}"]
+    assert main([*one_node, "--format", "json"]) == 0
+    planned = json.loads(capsys.readouterr().out)
+    desired = [gpu["desired"] for gpu in planned["mig"]]
+    assert desired == [["2g.20gb@0", "1g.10gb@2", "1g.10gb@3", "3g.40gb@4"]] * 2
+    assert main([*one_node, "--format", "labels"]) == 0
+    node_labels = dict(line.split("=", 1) for line in capsys.readouterr().out.splitlines())
+    assert node_labels["nvidia.com/mig-1g.10gb.count"] == "4"
+    nodes = tmp_path / "nodes.json"
+    item = {"kind": "Node", "metadata": {"name": "a100-balanced", "labels": node_labels}}
+    nodes.write_text(json.dumps({"kind": "List", "items": [item]}))
+    assert main(["plan", "--config", str(config), "--nodes", str(nodes), "--format", "json"]) == 0
+    (result,) = json.loads(capsys.readouterr().out)["nodes"]
+    assert result["status"] == "planned", result["reason"]
+    assert result["gpus"] == "2x NVIDIA A100-SXM4-80GB (MIG on 2)"
+    assert result["resources"] == [
+        {
+            "name": r["name"],
+            "devices": len(r["devices"]),
+            "physical": len(r["devices"]),
+            "sharing": r["sharing"],
+        }
+        for r in planned["resources"]
+    ]
+    # Each GPU already holds the declared layout where the solver puts it: nothing to create.
+    assert result["mig"] == [
+        f"GPU {i} (NVIDIA A100-SXM4-80GB): 2g.20gb@0 1g.10gb@2 1g.10gb@3 3g.40gb@4 -> "
+        "2g.20gb@0 1g.10gb@2 1g.10gb@3 3g.40gb@4"
+        for i in (0, 1)
+    ]

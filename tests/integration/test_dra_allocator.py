@@ -7,8 +7,8 @@ from typing import Any
 import pytest
 from dra_support import published_devices
 
-from sharing_plugin.plan.dra import V1BETA1, device_class, resource_slices
 from sharing_plugin.sim.dra.allocator import AllocationFailed, allocate, matches
+from sharing_plugin.views.dra import V1BETA1, device_class, resource_slices
 
 DRIVER = "gpu.sharing-plugin.io"
 

@@ -22,8 +22,8 @@ from sharing_plugin.dra.server import DraPluginServer, plugin_dir
 from sharing_plugin.errors import KubeApiError, KubeletError
 from sharing_plugin.gpus.inventory import Inventory
 from sharing_plugin.plan import Plan
-from sharing_plugin.plan.dra import dra_devices
 from sharing_plugin.sim.dra.kubelet import DraKubeletSimulator
+from sharing_plugin.views.dra import dra_devices
 
 DRIVER = "gpu.sharing-plugin.io"
 NODE = "node-a"

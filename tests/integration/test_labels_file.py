@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from sharing_plugin.observability.labels_file import LabelsFile, LabelsFileError
-from sharing_plugin.plan.labels import render_labels
+from sharing_plugin.views.labels import render_labels
 
 
 def _big(n: int, value: str) -> dict[str, str]:

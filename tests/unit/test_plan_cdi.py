@@ -9,8 +9,8 @@ from sharing_plugin.config.model import Config
 from sharing_plugin.errors import AllocationError
 from sharing_plugin.gpus.inventory import Inventory
 from sharing_plugin.plan import plan
-from sharing_plugin.plan.cdi import cdi_id, claim_spec, spec_file_name
-from sharing_plugin.plan.dra import DraDevice, dra_devices
+from sharing_plugin.views.cdi import cdi_id, claim_spec, spec_file_name
+from sharing_plugin.views.dra import DraDevice, dra_devices
 
 DRIVER = "gpu.sharing-plugin.io"
 UID = "0b9c2f5e-1111-4222-8333-444455556666"

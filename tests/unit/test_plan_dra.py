@@ -14,7 +14,8 @@ from test_plan_properties import nodes, shared_configs
 from sharing_plugin.errors import PlanError
 from sharing_plugin.gpus.inventory import Inventory
 from sharing_plugin.plan import plan
-from sharing_plugin.plan.dra import (
+from sharing_plugin.plan.node import plan_node
+from sharing_plugin.views.dra import (
     MAX_DEVICES_PER_SLICE,
     V1,
     V1BETA1,
@@ -27,7 +28,6 @@ from sharing_plugin.plan.dra import (
     pool_devices,
     resource_slices,
 )
-from sharing_plugin.plan.node import plan_node
 
 DRIVER = "gpu.sharing-plugin.io"
 DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")

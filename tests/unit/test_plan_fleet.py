@@ -4,29 +4,32 @@ planned with the named configs their labels select."""
 from __future__ import annotations
 
 import json
+import random
 import re
 from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from mixed_fleet import labelled, mixed_config, mixed_fleet, simulated
 
+from sharing_plugin.cli.render import fleet_json, fleet_table
 from sharing_plugin.config.loader import NamedConfigs, parse_configs
 from sharing_plugin.config.model import Config
 from sharing_plugin.errors import PlanError
-from sharing_plugin.nvml.discover import discover
-from sharing_plugin.plan.fleet import (
+from sharing_plugin.fleet.view import (
     NodeLabelsError,
     NodesDocumentError,
     NodeStatus,
-    fleet_json,
-    fleet_table,
     fleet_view,
     node_inventory,
 )
-from sharing_plugin.plan.labels import labels
+from sharing_plugin.nvml.discover import discover
 from sharing_plugin.plan.node import plan_node
 from sharing_plugin.sim.nvml.simulated import SimulatedNvml
 from sharing_plugin.sources.files import problem_line
+from sharing_plugin.views.labels import labels
 
 CONFIGMAP = """\
 apiVersion: v1
@@ -424,3 +427,116 @@ def test_a_node_labelled_by_this_plugin_plans_the_same_in_the_fleet_view(
     assert result.status is NodeStatus.PLANNED, result
     want = {r.name: len(r.devices) for r in planned.plan.resources if r.devices}
     assert {r.name: r.devices for r in result.resources} == want
+
+
+# --- MIG devices from labels, spread over the GPUs as the solver places them ------------------
+
+# mig-parted's all-balanced on an A100-80GB, where `plan --gpus` has it.
+BALANCED = ["2g.20gb@0", "1g.10gb@2", "1g.10gb@3", "3g.40gb@4"]
+
+
+def advertised(resources: Any) -> dict[str, tuple[int, int]]:
+    """{resource: (devices, physical devices)} of a plan's resources or a fleet node's."""
+    out = {}
+    for r in resources:
+        if isinstance(r.devices, int):
+            out[r.name] = (r.devices, r.physical)
+        elif r.devices:
+            out[r.name] = (len(r.devices), len({d.physical for d in r.devices}))
+    return out
+
+
+def gfd_mig(profile: str, count: int, memory: int, sm: int, slices: int) -> dict[str, str]:
+    """GFD's labels of one MIG profile under the mixed strategy (its README's Generated Labels)."""
+    key = f"nvidia.com/mig-{profile}"
+    return {
+        f"{key}.count": str(count),
+        f"{key}.memory": str(memory),
+        f"{key}.multiprocessors": str(sm),
+        f"{key}.product": f"NVIDIA-A100-SXM4-80GB-MIG-{profile}",
+        f"{key}.replicas": "1",
+        f"{key}.sharing-strategy": "none",
+        f"{key}.slices.ci": str(slices),
+        f"{key}.slices.gi": str(slices),
+    }
+
+
+def test_a_node_in_mig_parteds_balanced_layout_is_planned_as_plan_gpus_plans_it() -> None:
+    node_labels = {
+        **whole("NVIDIA-A100-SXM4-80GB", 2, 81920, mig_capable=True),
+        "nvidia.com/gpu.replicas": "0",
+        "nvidia.com/gpu.sharing-strategy": "none",
+        "nvidia.com/mig.strategy": "mixed",
+        **gfd_mig("3g.40gb", 2, 40192, 42, 3),
+        **gfd_mig("2g.20gb", 2, 19968, 28, 2),
+        **gfd_mig("1g.10gb", 4, 9728, 14, 1),
+    }
+    document = {
+        "apiVersion": "v1",
+        "kind": "List",
+        "items": [
+            {
+                "apiVersion": "v1",
+                "kind": "Node",
+                "metadata": {"name": "a100-balanced", "labels": node_labels},
+            }
+        ],
+    }
+    named, _ = configs()
+    (result,) = fleet_view(document, named, requested_name="mixed").nodes
+    assert result.status is NodeStatus.PLANNED, result.reason
+    assert result.gpus == "2x NVIDIA A100-SXM4-80GB (MIG on 2)"
+    # `plan --gpus` on the same node: both GPUs as mig-parted left them.
+    instances = {"enabled": True, "instances": BALANCED}
+    node = simulated(
+        "a100-balanced", [{"product": "NVIDIA A100-SXM4-80GB", "count": 2, "mig": instances}]
+    )
+    planned = plan_node(named["mixed"].config, discover(node))
+    assert advertised(result.resources) == advertised(planned.plan.resources)
+    assert advertised(result.resources)["nvidia.com/mig-1g.10gb"] == (8, 4)  # 2 replicas each
+    layouts = [
+        [f"{m.profile}@{m.placement.start}" for m in g.mig_devices]
+        for g in node_inventory(node_labels).gpus
+    ]
+    assert layouts == [BALANCED, BALANCED]
+
+
+@settings(max_examples=15, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1))
+def test_every_gpu_node_of_a_mixed_fleet_is_planned_never_skipped(seed: int) -> None:
+    fleet = mixed_fleet(random.Random(seed), 8)
+    named = mixed_config()
+    document, plans = labelled(fleet, named)
+    view = fleet_view(document, named)
+    for (name, gpus), result in zip(fleet, view.nodes, strict=True):
+        if gpus is None:
+            assert result.status is NodeStatus.SKIPPED
+            continue
+        assert result.status is NodeStatus.PLANNED, (gpus, result.reason, result.errors)
+        got, want = advertised(result.resources), advertised(plans[name].plan.resources)
+        mig = {k: v for k, v in want.items() if k.startswith("nvidia.com/mig-")}
+        assert {k: v for k, v in got.items() if k.startswith("nvidia.com/mig-")} == mig
+        all_or_none = len({bool(g.get("mig")) for g in gpus}) == 1
+        if all_or_none:  # else labels cannot say how many GPUs are advertised whole
+            assert got == want
+
+
+def test_mig_gpus_rebuilt_from_labels_wait_for_no_mode_change() -> None:
+    # As discovery reports a MIG GPU (current and pending mode on): turning MIG off is a plan,
+    # not "pending a GPU reset", and the node then advertises its GPUs whole.
+    off = parse_configs(
+        "version: v1\nflags:\n  migStrategy: mixed\npartitioning:\n"
+        "  mig:\n    - devices: all\n      enabled: false\n",
+        file="off.yaml",
+    )
+    document = {
+        "kind": "List",
+        "items": [{"metadata": {"name": "m", "labels": KINDS["mig-mixed"]}}],
+    }
+    (result,) = fleet_view(document, off).nodes
+    assert result.status is NodeStatus.PLANNED, result.errors
+    assert advertised(result.resources) == {"nvidia.com/gpu": (2, 2)}
+    assert not [line for line in result.mig if "pending" in line or "reset" in line]
+    assert [line for line in result.mig if line.strip() == "disable MIG mode"] == [
+        "  disable MIG mode"
+    ] * 2

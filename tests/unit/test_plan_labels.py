@@ -24,9 +24,9 @@ from sharing_plugin.config.model import Config
 from sharing_plugin.errors import PlanError
 from sharing_plugin.gpus.inventory import Inventory
 from sharing_plugin.nvml.discover import discover
-from sharing_plugin.plan.labels import label_value, labels, labels_for, owns, render_labels
 from sharing_plugin.plan.node import plan_node
 from sharing_plugin.sim.nvml.simulated import SimulatedNvml
+from sharing_plugin.views.labels import label_value, labels, labels_for, owns, render_labels
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "config" / "examples"
 PRESETS = ("a100-mig-mixed", "dgx-a100-80gb", "dgx-h100", "hgx-h200", "t4x4", "workstation")

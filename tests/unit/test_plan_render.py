@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from plan_factory import gpu, gpu_uuid, node, time_slicing
 
+from sharing_plugin.cli.render import plan_json, plan_table
 from sharing_plugin.config.locate import locate
 from sharing_plugin.plan import plan
-from sharing_plugin.plan.render import plan_json, plan_table
 
 TEXT = """version: v1
 sharing:

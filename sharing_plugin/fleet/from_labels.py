@@ -7,14 +7,17 @@ labels give, and what the GPU catalog fills in:
   `nvidia.com/gpu.count` the number of GPUs. Memory, compute capability and MIG capability come
   from `gpu.memory`, `gpu.compute.major/minor` and `mig.capable` when present, else from the
   catalogued model. An uncatalogued product keeps its label text as its name, without MIG.
-- MIG strategy `single` (a product `<model>-MIG-<profile>`): `gpu.count` counts MIG devices;
-  every GPU is taken to hold as many of them as the profile allows, the last one the rest.
+- MIG strategy `single` (a product `<model>-MIG-<profile>`): `gpu.count` counts MIG devices,
+  spread over as few GPUs as hold them.
 - MIG strategy `mixed`: each `nvidia.com/mig-<profile>.count` gives MIG devices of that
-  profile, packed onto as few GPUs as the model's placement rules allow (largest first); those
-  GPUs have MIG on, the others off, unless `gpu.replicas` is 0, which both GFD and this
-  plugin publish only when no GPU of the product is advertised whole: then all have MIG on.
-  A profile whose own `.product` names another model (a node with two models) is packed onto
-  extra GPUs of that model, as many as it takes: GFD counts only one model's GPUs.
+  profile, spread over as few GPUs as hold them; those GPUs have MIG on, the others off,
+  unless `gpu.replicas` is 0, which both GFD and this plugin publish only when no GPU of the
+  product is advertised whole: then all have MIG on. A profile whose own `.product` names
+  another model (a node with two models) is spread over extra GPUs of that model, as many as
+  it takes: GFD counts only one model's GPUs.
+- Labels count MIG devices per node, not per GPU: the split into per-GPU layouts, and each
+  layout's placements, come from the MIG solver, so every node whose GPUs could hold the
+  counted devices is planned (the module that spreads them says how a split is chosen).
 - Labels cannot say which GPU is which, so GPU and MIG UUIDs are made up (`GPU-labels-<n>`);
   a config that selects devices by UUID cannot be previewed and shows up as an error.
 - Labels that cannot describe GPUs (none at all, GFD's `MIG-INVALID`, a profile the model does
@@ -23,16 +26,16 @@ labels give, and what the GPU catalog fills in:
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
-from functools import lru_cache
 
 from sharing_plugin.errors import MigError, SharingPluginError
 from sharing_plugin.gpus.catalog import MODELS, GpuModel, MigProfileSpec, model_for
 from sharing_plugin.gpus.inventory import Gpu, GpuUuid, Inventory, MigDevice, MigUuid
 from sharing_plugin.mig.layout import MigCreate
-from sharing_plugin.mig.solver import place_layout
-from sharing_plugin.plan.labels import GPU_RESOURCE, label_value
+from sharing_plugin.mig.spread import spread_layouts
+from sharing_plugin.views.labels import GPU_RESOURCE, label_value
 
 __all__ = ["NodeLabelsError", "node_inventory"]
 
@@ -73,52 +76,19 @@ def _profile(model: GpuModel | None, product: str, label: str) -> MigProfileSpec
     return found
 
 
-@lru_cache(maxsize=4096)
-def _layout(product: str, profiles: tuple[str, ...]) -> tuple[MigCreate, ...] | None:
-    """Placements for `profiles` (sorted) on one GPU of `product`; None when they do not fit.
-    Packing asks the same few questions for every node of a kind: they are answered once."""
-    model = model_for(product)
-    if model is None or model.mig is None:
-        return None
+def _spread(
+    model: GpuModel, wanted: Mapping[str, int], gpus: int | None
+) -> tuple[tuple[MigCreate, ...], ...]:
+    """Per GPU that holds some of `wanted` ({profile: devices}), its placements: on as few
+    GPUs as hold them, at most `gpus` (None: as many as that takes)."""
     try:
-        return place_layout(model, list(profiles))
-    except MigError:
-        return None
-
-
-def _place(model: GpuModel, product: str, profiles: Sequence[str]) -> tuple[MigCreate, ...]:
-    found = _layout(product, tuple(sorted(profiles)))
-    if found is not None:
-        return found
-    try:  # the solver says why
-        place_layout(model, list(profiles))
+        return spread_layouts(model, wanted, gpus=gpus)
     except MigError as exc:
-        raise NodeLabelsError(
-            f"MIG devices {', '.join(profiles)} do not fit one {product}: {exc}"
-        ) from None
-    raise AssertionError("unreachable: the layout fits after all")
+        raise NodeLabelsError(str(exc)) from None
 
 
-def _fits(product: str, profiles: list[str]) -> bool:
-    return _layout(product, tuple(sorted(profiles))) is not None
-
-
-def _pack(product: str, wanted: Sequence[MigProfileSpec], gpus: int | None) -> list[list[str]]:
-    """Each GPU's profiles: first fit of the largest first, onto as few GPUs as hold them
-    (with `gpus` None, onto as many as that takes)."""
-    per_gpu: list[list[str]] = [[] for _ in range(gpus or 0)]
-    for spec in sorted(wanted, key=lambda s: (-s.memory_slices, s.name)):
-        home = next((p for p in per_gpu if _fits(product, [*p, spec.name])), None)
-        if home is None and gpus is None and _fits(product, [spec.name]):
-            home = []
-            per_gpu.append(home)
-        if home is None:
-            raise NodeLabelsError(
-                f"its {len(wanted)} {product} MIG devices do not fit {gpus} GPU(s) as the "
-                "model's placement rules allow"
-            )
-        home.append(spec.name)
-    return per_gpu
+def _counted(specs: Sequence[MigProfileSpec]) -> Counter[str]:
+    return Counter(s.name for s in specs)
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,6 +137,7 @@ def _inventory(described: Sequence[_Described], mig_memory: Mapping[str, int]) -
                 compute_capability=node.compute_capability,
                 mig_capable=node.mig_capable,
                 mig_enabled=node.layout is not None,
+                mig_pending=node.layout is not None,  # as discovered: no mode change waits
                 mig_devices=tuple(migs),
             )
         )
@@ -237,13 +208,12 @@ def node_inventory(labels: Mapping[str, str]) -> Inventory:
     mig_memory: dict[str, int] = {}
     layouts: list[tuple[MigCreate, ...] | None]
     extra: list[_Described] = []
-    if single:  # the count is of MIG devices, as many on each GPU as the profile allows
+    if single:  # the count is of MIG devices, on as many GPUs as hold them
         spec = _profile(model, product, profile_label)
         assert model is not None
         if (found := _int_label(labels, f"{GPU_RESOURCE}.memory")) is not None:
             mig_memory[spec.name] = found
-        sizes = [min(spec.max_count, count - i) for i in range(0, count, spec.max_count)]
-        layouts = [_place(model, product, [spec.name] * n) for n in sizes]
+        layouts = list(_spread(model, {spec.name: count}, None))
     else:
         mixed = labels.get(_MIG_STRATEGY) == "mixed"
         wanted = _mixed_profiles(labels, product, model, mig_memory) if mixed else {}
@@ -251,15 +221,13 @@ def node_inventory(labels: Mapping[str, str]) -> Inventory:
         all_mig = mixed and labels.get(f"{GPU_RESOURCE}.replicas") == "0"
         if (own or all_mig) and (model is None or model.mig is None):
             raise NodeLabelsError(f"{product} has MIG labels but is not a MIG-capable model")
-        packed = _pack(product, own, count) if model is not None else [[]] * count
-        layouts = [
-            _place(model, product, p) if model is not None and (p or all_mig) else None
-            for p in packed
-        ]
+        spread = _spread(model, _counted(own), count) if model is not None and own else ()
+        # The GPUs that hold no MIG device: MIG on but empty where no GPU is advertised whole.
+        layouts = [*spread, *[() if all_mig else None] * (count - len(spread))]
         for other, (other_model, specs) in wanted.items():
             assert other_model is not None  # _profile found the profile on it
-            for p in _pack(other, specs, None):
-                extra.append(_catalogued(other, other_model, _place(other_model, other, p)))
+            for layout in _spread(other_model, _counted(specs), None):
+                extra.append(_catalogued(other, other_model, layout))
     major = _int_label(labels, f"{GPU_RESOURCE}.compute.major")
     minor = _int_label(labels, f"{GPU_RESOURCE}.compute.minor") or 0
     memory = None if single else _int_label(labels, f"{GPU_RESOURCE}.memory")

@@ -53,6 +53,7 @@ _DNS_LABEL_MAX = 63
 _DNS_SUBDOMAIN_MAX = 253
 _UNSAFE = re.compile(r"[^a-z0-9-]+")
 _UNSAFE_DOTTED = re.compile(r"[^a-z0-9.-]+")
+_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 
 Attribute = dict[str, str | int | bool]
 """One attribute value in the API's form: {"string": ...}, {"int": ...} or {"bool": ...}."""
@@ -64,6 +65,11 @@ def _hashed(text: str, limit: int) -> str:
         return text
     digest = hashlib.sha256(text.encode()).hexdigest()[:8]
     return f"{text[: limit - 9].rstrip('-.')}-{digest}"
+
+
+def is_dns_subdomain(text: str) -> bool:
+    """Whether `text` is an RFC 1123 subdomain, as a Node, a pool and most objects are named."""
+    return len(text) <= _DNS_SUBDOMAIN_MAX and _SUBDOMAIN.fullmatch(text) is not None
 
 
 def dns_label(text: str) -> str:

@@ -23,10 +23,10 @@ from typing import Any
 from sharing_plugin.config.loader import LoadedConfig, select
 from sharing_plugin.config.names import DEFAULT_CONFIG_LABEL
 from sharing_plugin.errors import ConfigError, Problem, SharingPluginError
+from sharing_plugin.fleet.from_labels import NodeLabelsError, node_inventory
 from sharing_plugin.gpus.inventory import Inventory
-from sharing_plugin.plan.from_labels import NodeLabelsError, node_inventory
-from sharing_plugin.plan.labels import owns
 from sharing_plugin.plan.node import plan_node
+from sharing_plugin.views.labels import owns
 
 __all__ = [
     "FleetView",
@@ -35,8 +35,6 @@ __all__ = [
     "NodeStatus",
     "NodesDocumentError",
     "ResourceCount",
-    "fleet_json",
-    "fleet_table",
     "fleet_view",
     "node_inventory",
 ]
@@ -243,83 +241,3 @@ def fleet_view(
             planned[key] = _planned("", config_name, loaded, inventory, line)
         results.append(replace(planned[key], name=name))
     return FleetView(tuple(results))
-
-
-# --- Output ----------------------------------------------------------------------------------
-
-
-def fleet_json(view: FleetView) -> dict[str, Any]:
-    """The `plan --nodes --format json` document (its shape is in the contract)."""
-    return {
-        "nodes": [
-            {
-                "name": n.name,
-                "status": n.status.value,
-                "config": n.config,
-                "gpus": n.gpus,
-                "resources": [
-                    {
-                        "name": r.name,
-                        "devices": r.devices,
-                        "physical": r.physical,
-                        "sharing": r.sharing,
-                    }
-                    for r in n.resources
-                ],
-                "mig": list(n.mig),
-                "warnings": list(n.warnings),
-                "errors": list(n.errors),
-                "reason": n.reason,
-            }
-            for n in view.nodes
-        ],
-        "totals": {
-            "nodes": {
-                "total": len(view.nodes),
-                **{status.value: view.count(status) for status in NodeStatus},
-            },
-            "resources": view.totals(),
-        },
-    }
-
-
-def fleet_table(view: FleetView) -> str:
-    """One line per node (config, GPUs, resources), its problems under it, then the totals."""
-    rows = [("NODE", "CONFIG", "GPUS", "RESOURCES")]
-    notes: list[list[str]] = [[]]
-    for n in view.nodes:
-        if n.status is NodeStatus.SKIPPED:
-            rows.append((n.name, "-", "-", f"skipped: {n.reason}"))
-        else:
-            shown = ", ".join(
-                f"{r.name}: {r.devices}"
-                + (f" ({r.physical} physical)" if r.devices != r.physical else "")
-                for r in n.resources
-            )
-            rows.append(
-                (n.name, n.config or "-", n.gpus, shown or ("error" if n.errors else "none"))
-            )
-        notes.append(
-            [f"  error: {e}" for e in n.errors]
-            + [f"  mig: {m}" for m in n.mig]
-            + [f"  warning: {w}" for w in n.warnings]
-        )
-    widths = [max(len(row[i]) for row in rows) for i in range(3)]
-    lines: list[str] = []
-    for row, extra in zip(rows, notes, strict=True):
-        lines.append(
-            "  ".join([*(cell.ljust(w) for cell, w in zip(row, widths, strict=False)), row[3]])
-        )
-        lines.extend(extra)
-    counts = ", ".join(f"{view.count(s)} {s.value}" for s in NodeStatus)
-    lines += ["", f"cluster total ({len(view.nodes)} nodes: {counts})"]
-    totals = view.totals()
-    width = max((len(t["name"]) for t in totals), default=0)
-    for t in totals:
-        lines.append(
-            f"  {t['name'].ljust(width)}  {t['devices']:>8,} devices  {t['physical']:>6,} physical"
-            f"  on {t['nodes']:,} node(s)"
-        )
-    if not totals:
-        lines.append("  nothing advertised")
-    return "\n".join(lines)

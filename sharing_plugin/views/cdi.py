@@ -19,8 +19,8 @@ from typing import Any, Final
 
 from sharing_plugin.config.model import DeviceListStrategy, Flags
 from sharing_plugin.plan.allocate import VISIBLE_DEVICES, allocate, container_ids
-from sharing_plugin.plan.dra import DraDevice
 from sharing_plugin.plan.model import Mount, Plan, ResourcePlan, unique
+from sharing_plugin.views.dra import DraDevice
 
 CDI_VERSION: Final = "0.5.0"  # env and mounts only: understood by every CDI-aware runtime
 CDI_CLASS: Final = "claim"

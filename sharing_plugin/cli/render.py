@@ -1,8 +1,9 @@
-"""A plan as the `plan` command prints it: the JSON contract, or a table an admin can read.
+"""What the `plan` command prints: a node's plan or a fleet view, as JSON or as a table.
 
 The JSON keys named by the design are a contract other tools parse; extra keys (`index`,
-`replica`, `perDevice`) only add. The table leads with one line per resource, then each
-resource's physical devices with their replica counts, which is what an admin checks first.
+`replica`, `perDevice`) only add. The node table leads with one line per resource, then each
+resource's physical devices with their replica counts, which is what an admin checks first;
+the fleet table has one line per node, its problems under it, then the cluster totals.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from sharing_plugin.fleet.view import FleetView, NodeStatus
 from sharing_plugin.plan.model import Plan, ResourcePlan
 
 
@@ -120,3 +122,80 @@ def plan_table(
     if all_warnings:
         out += ["", "warnings:", *(f"  - {w}" for w in all_warnings)]
     return "\n".join(out)
+
+
+def fleet_json(view: FleetView) -> dict[str, Any]:
+    """The `plan --nodes --format json` document (its shape is in the contract)."""
+    return {
+        "nodes": [
+            {
+                "name": n.name,
+                "status": n.status.value,
+                "config": n.config,
+                "gpus": n.gpus,
+                "resources": [
+                    {
+                        "name": r.name,
+                        "devices": r.devices,
+                        "physical": r.physical,
+                        "sharing": r.sharing,
+                    }
+                    for r in n.resources
+                ],
+                "mig": list(n.mig),
+                "warnings": list(n.warnings),
+                "errors": list(n.errors),
+                "reason": n.reason,
+            }
+            for n in view.nodes
+        ],
+        "totals": {
+            "nodes": {
+                "total": len(view.nodes),
+                **{status.value: view.count(status) for status in NodeStatus},
+            },
+            "resources": view.totals(),
+        },
+    }
+
+
+def fleet_table(view: FleetView) -> str:
+    """One line per node (config, GPUs, resources), its problems under it, then the totals."""
+    rows = [("NODE", "CONFIG", "GPUS", "RESOURCES")]
+    notes: list[list[str]] = [[]]
+    for n in view.nodes:
+        if n.status is NodeStatus.SKIPPED:
+            rows.append((n.name, "-", "-", f"skipped: {n.reason}"))
+        else:
+            shown = ", ".join(
+                f"{r.name}: {r.devices}"
+                + (f" ({r.physical} physical)" if r.devices != r.physical else "")
+                for r in n.resources
+            )
+            rows.append(
+                (n.name, n.config or "-", n.gpus, shown or ("error" if n.errors else "none"))
+            )
+        notes.append(
+            [f"  error: {e}" for e in n.errors]
+            + [f"  mig: {m}" for m in n.mig]
+            + [f"  warning: {w}" for w in n.warnings]
+        )
+    widths = [max(len(row[i]) for row in rows) for i in range(3)]
+    lines: list[str] = []
+    for row, extra in zip(rows, notes, strict=True):
+        lines.append(
+            "  ".join([*(cell.ljust(w) for cell, w in zip(row, widths, strict=False)), row[3]])
+        )
+        lines.extend(extra)
+    counts = ", ".join(f"{view.count(s)} {s.value}" for s in NodeStatus)
+    lines += ["", f"cluster total ({len(view.nodes)} nodes: {counts})"]
+    totals = view.totals()
+    width = max((len(t["name"]) for t in totals), default=0)
+    for t in totals:
+        lines.append(
+            f"  {t['name'].ljust(width)}  {t['devices']:>8,} devices  {t['physical']:>6,} physical"
+            f"  on {t['nodes']:,} node(s)"
+        )
+    if not totals:
+        lines.append("  nothing advertised")
+    return "\n".join(lines)
