@@ -20,7 +20,7 @@ lint: $(STAMP)
 	$(BIN)/lint-imports --no-cache >$(VENV)/lint-imports.log || { cat $(VENV)/lint-imports.log; exit 1; }
 
 typecheck: $(STAMP)
-	$(BIN)/mypy --strict sharing_plugin
+	$(BIN)/mypy --strict sharing_plugin tests/support
 
 unit: $(STAMP)
 	# Three workers on CI's 2 cores: a third of the suite's time is spent waiting (timers,

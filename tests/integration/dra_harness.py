@@ -11,14 +11,14 @@ from typing import Any
 
 import lightkube
 from kube_api import FakeKubeApi, Permissions
+from support.dra.allocator import allocate, allocated_devices
+from support.dra.kubelet import DraKubeletSimulator, PreparedAnswer
 
 from sharing_plugin.backends import backend_from_spec
 from sharing_plugin.daemon.dra import DraDaemon, DraOptions
 from sharing_plugin.daemon.options import RunOptions
 from sharing_plugin.dra.claims import ClaimRef
 from sharing_plugin.plan.dra import PublishedDevice, device_class, device_class_name
-from sharing_plugin.sim.dra.allocator import allocate, allocated_devices
-from sharing_plugin.sim.dra.kubelet import DraKubeletSimulator, PreparedAnswer
 
 DRIVER = "gpu.sharing-plugin.io"
 NODE = "node-a"

@@ -6,9 +6,9 @@ from typing import Any
 
 import pytest
 from dra_support import published_devices
+from support.dra.allocator import AllocationFailed, allocate, matches
 
 from sharing_plugin.plan.dra import V1BETA1, device_class, resource_slices
-from sharing_plugin.sim.dra.allocator import AllocationFailed, allocate, matches
 
 DRIVER = "gpu.sharing-plugin.io"
 

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support.dra.kubelet import DraKubeletSimulator
 
 from sharing_plugin.config.model import Config
 from sharing_plugin.dra.api.constants import V1_SERVICE, V1BETA1_SERVICE
@@ -23,7 +24,6 @@ from sharing_plugin.errors import KubeApiError, KubeletError
 from sharing_plugin.gpus.inventory import Inventory
 from sharing_plugin.plan import Plan
 from sharing_plugin.plan.dra import dra_devices
-from sharing_plugin.sim.dra.kubelet import DraKubeletSimulator
 
 DRIVER = "gpu.sharing-plugin.io"
 NODE = "node-a"

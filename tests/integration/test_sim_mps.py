@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 from mps_harness import ask, reap_daemons
+from support.mps import alive, pid_of, write_wrapper
 
 from sharing_plugin.errors import MpsError
 from sharing_plugin.mps import ControlBinary, process_alive, wait_exit
-from sharing_plugin.sim.mps import alive, pid_of, write_wrapper
 
 
 @pytest.fixture
