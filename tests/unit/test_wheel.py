@@ -76,6 +76,7 @@ def test_the_only_simulators_in_the_wheel_are_those_the_commands_run(wheel: Path
         if n.is_relative_to("sharing_plugin/sim")
     ]
     assert {n.parts[0] for n in sim if len(n.parts) > 1} == SHIPPED_SIMULATORS
+    assert {str(n) for n in sim if len(n.parts) == 1} == {"__init__.py"}
 
 
 def test_the_wheel_carries_the_data_the_commands_read(wheel: Path) -> None:
@@ -83,7 +84,7 @@ def test_the_wheel_carries_the_data_the_commands_read(wheel: Path) -> None:
     presets = {p.name for p in (ROOT / "sharing_plugin/sim/nvml/presets").glob("*.yaml")}
     assert presets
     assert {f"sharing_plugin/sim/nvml/presets/{p}" for p in presets} <= listed
-    for name in ("sharing_plugin/py.typed", "sharing_plugin/sim/demo-config.yaml"):
+    for name in ("sharing_plugin/py.typed", "sharing_plugin/cli/demo-config.yaml"):
         assert name in listed
     protos = {str(p.relative_to(ROOT)) for p in (ROOT / "sharing_plugin").rglob("*.proto")}
     assert protos and protos <= listed
