@@ -105,7 +105,7 @@ class Daemon(ConfigFedService):
         self._labels = LabelPublisher(file=None, reporter=None)
         self._own_client: AsyncClient | None = None  # made here, so closed here
         self._api_trouble: str | None = None
-        self.pod_resources = PodResourcesClient(options.kubelet_dir)
+        self.pod_resources = PodResourcesClient(options.kubelet_dir, metrics=self.metrics)
         self.supervisor = Supervisor(
             kubelet_dir=options.kubelet_dir,
             metrics=self.metrics,
