@@ -1,4 +1,4 @@
-"""The DRA kubelet plugin over real unix sockets, driven by the in-package DRA kubelet simulator:
+"""The DRA kubelet plugin over real unix sockets, driven by the tests' DRA kubelet simulator:
 registration, prepare -> CDI spec -> unprepare, idempotence across restarts, per-claim errors."""
 
 from __future__ import annotations

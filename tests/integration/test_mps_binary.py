@@ -1,4 +1,5 @@
-"""The simulated `nvidia-cuda-mps-control`, run as a process as the plugin runs the real one."""
+"""The MPS control binary as a process: the tests' stand-in for `nvidia-cuda-mps-control`, and
+the adapter (`ControlBinary`, `wait_exit`) driving it as it drives the real one."""
 
 from __future__ import annotations
 
