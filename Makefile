@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: test demo lint typecheck unit venv clean
+.PHONY: test demo lint typecheck unit venv clean api
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -20,7 +20,7 @@ lint: $(STAMP)
 	$(BIN)/lint-imports --no-cache >$(VENV)/lint-imports.log || { cat $(VENV)/lint-imports.log; exit 1; }
 
 typecheck: $(STAMP)
-	$(BIN)/mypy --strict sharing_plugin
+	$(BIN)/mypy --strict sharing_plugin tests/support scripts
 
 unit: $(STAMP)
 	# Three workers on CI's 2 cores: a third of the suite's time is spent waiting (timers,
@@ -36,6 +36,11 @@ test: lint typecheck unit
 
 demo: $(STAMP)
 	$(BIN)/sharing-plugin demo
+
+# Rewrites the generated gRPC code of both API trees (kubelet/api, dra/api) from their .proto
+# files; commit the result (a test compares it byte for byte).
+api: $(STAMP)
+	$(BIN)/python scripts/generate_api.py
 
 clean:
 	rm -rf $(VENV) build/venv-min .pytest_cache .mypy_cache .ruff_cache

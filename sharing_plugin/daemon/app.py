@@ -63,7 +63,7 @@ class Daemon(NodeService):
         self.status = StatusBoard()
         self._tasks = TaskOwner("daemon")
         self._metrics_server: MetricsServer | None = None
-        self.pod_resources = PodResourcesClient(options.source.kubelet_dir)
+        self.pod_resources = PodResourcesClient(options.source.kubelet_dir, metrics=self.metrics)
         self.supervisor = Supervisor(
             kubelet_dir=options.source.kubelet_dir,
             metrics=self.metrics,

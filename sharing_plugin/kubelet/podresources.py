@@ -5,7 +5,8 @@ stay advertised as Unhealthy until released (docs/contract.md), and only kubelet
 holds what.
 The socket is optional (older kubelets, or the hostPath not mounted): its absence or a failing
 call is tolerated, answered `None`, and logged once until it works again, so a reload never
-fails because of it.
+fails because of it. Every such call is counted in the metrics, so how often the plugin went
+without an answer shows after the one log line.
 
 Kubelet answers one `ContainerDevices` entry per device and NUMA node, so entries are merged.
 """
@@ -20,6 +21,7 @@ import grpc
 from sharing_plugin.kubelet.api.constants import KUBELET_SOCKET, POD_RESOURCES_DIR
 from sharing_plugin.kubelet.api.podresources.v1 import api_pb2 as pr
 from sharing_plugin.kubelet.api.podresources.v1 import api_pb2_grpc as pr_grpc
+from sharing_plugin.kubelet.recording import PodResourcesRecorder
 
 log = logging.getLogger(__name__)
 
@@ -34,8 +36,9 @@ Holder = tuple[str, str, str]  # namespace, pod, container
 class PodResourcesClient:
     """A lazily connected client of `<kubelet-dir>/pod-resources/kubelet.sock`."""
 
-    def __init__(self, kubelet_dir: Path) -> None:
+    def __init__(self, kubelet_dir: Path, *, metrics: PodResourcesRecorder | None = None) -> None:
         self.socket = Path(kubelet_dir) / POD_RESOURCES_DIR / KUBELET_SOCKET
+        self._metrics = metrics
         self._channel: grpc.aio.Channel | None = None
         self._unavailable = False
 
@@ -97,6 +100,8 @@ class PodResourcesClient:
         return response
 
     def _unavailable_once(self, why: str) -> None:
+        if self._metrics is not None:
+            self._metrics.count_pod_resources_error()
         if not self._unavailable:
             self._unavailable = True
             log.warning(

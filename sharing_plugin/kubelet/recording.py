@@ -1,4 +1,4 @@
-"""What the kubelet adapter records about itself, as a type: the daemon hands in its metrics.
+"""What the kubelet adapter records about itself, as types: the daemon hands in its metrics.
 
 A `Protocol` rather than the metrics class keeps this adapter independent of the HTTP/metrics
 adapter (an import contract checks it).
@@ -17,3 +17,9 @@ class KubeletRecorder(Protocol):
     def count_registration(self, resource: str, *, ok: bool = True) -> None: ...
 
     def observe_allocate(self, resource: str, seconds: float, *, ok: bool = True) -> None: ...
+
+
+class PodResourcesRecorder(Protocol):
+    """The call the PodResources client makes on the process's metrics."""
+
+    def count_pod_resources_error(self) -> None: ...

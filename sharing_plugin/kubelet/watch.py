@@ -1,4 +1,4 @@
-"""Noticing kubelet restarts, and waiting for kubelet, by watching `<kubelet-dir>/device-plugins`.
+"""Noticing kubelet restarts by watching `<kubelet-dir>/device-plugins`.
 
 A restarting kubelet deletes every file in device-plugins/ but its checkpoint, our sockets
 included, then listens on a new `kubelet.sock`; every plugin has to register again, on a fresh
@@ -59,14 +59,6 @@ async def wait_for_path(path: Path) -> None:
             failures += 1
             log.warning("cannot watch %s for %s (%s); retrying in %gs", directory, path, exc, delay)
             await asyncio.sleep(delay)
-
-
-async def wait_for_kubelet(kubelet_dir: Path) -> None:
-    """Return once kubelet's registration socket exists."""
-    socket = Path(kubelet_dir) / DEVICE_PLUGINS_DIR / KUBELET_SOCKET
-    if not socket.exists():
-        log.info("waiting for kubelet: %s does not exist yet", socket)
-        await wait_for_path(socket)
 
 
 class KubeletWatcher:

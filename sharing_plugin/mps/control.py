@@ -5,8 +5,8 @@ the GPUs in `CUDA_VISIBLE_DEVICES`, with its pipes in `CUDA_MPS_PIPE_DIRECTORY` 
 `CUDA_MPS_LOG_DIRECTORY`; run without arguments it sends each line of its stdin to the daemon of
 that pipe directory and prints the answers, exiting non-zero when there is no daemon or a
 command fails. The daemon writes its pid to `nvidia-cuda-mps-control.pid` in the pipe
-directory. `MpsControl` lists exactly that; `ControlBinary` is the real thing, and tests run it
-against the simulated binary (`sharing_plugin.sim.mps`), so this code is what they exercise.
+directory. `MpsControl` lists exactly that; `ControlBinary` is the real thing, and the tests
+run it against a stand-in executable of their own, so this code is what they exercise.
 
 The daemonising `-d` call gets files, not pipes, for its output: a daemon that kept an
 inherited pipe open would make reading it wait for the daemon's death.

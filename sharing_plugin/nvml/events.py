@@ -28,7 +28,6 @@ import contextlib
 import ctypes
 import logging
 import threading
-from collections.abc import AsyncIterator
 from types import TracebackType
 from typing import NamedTuple
 
@@ -278,16 +277,3 @@ def _handle_key(handle: DeviceHandle) -> int | None:
     if isinstance(handle, ctypes._Pointer):
         return ctypes.cast(handle, ctypes.c_void_p).value
     return id(handle)
-
-
-async def nvml_events(
-    nvml: NvmlApi,
-    inventory: Inventory,
-    *,
-    wait_ms: int = EVENT_WAIT_MS,
-    kinds: frozenset[EventKind] = EVERY_EVENT_KIND,
-) -> AsyncIterator[NvmlEvent]:
-    """`NvmlEventWatch` as a plain async generator; closing or cancelling it stops the watch."""
-    async with NvmlEventWatch(nvml, inventory, wait_ms=wait_ms, kinds=kinds) as watch:
-        async for event in watch:
-            yield event

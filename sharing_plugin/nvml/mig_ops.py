@@ -1,4 +1,4 @@
-"""MIG operations through NVML: placements, create and destroy GPU/compute instances, MIG mode.
+"""MIG operations through NVML: create and destroy GPU/compute instances, MIG mode.
 
 Thin on purpose: the decisions (which layout, which instance may go) are the MIG solver's; these
 functions only carry them out and translate failures into `NvmlError` with NVML's error name.
@@ -14,7 +14,7 @@ from __future__ import annotations
 import ctypes
 from dataclasses import dataclass
 
-from sharing_plugin.gpus.inventory import MigPlacement, MigUuid
+from sharing_plugin.gpus.inventory import MigUuid
 from sharing_plugin.nvml.api import DeviceHandle, GpuInstanceProfileInfo, NvmlApi
 from sharing_plugin.nvml.calls import is_code, nvml_errors, nvml_session, text
 
@@ -48,23 +48,6 @@ def _profile_info(
 def _gpu(nvml: NvmlApi, gpu_uuid: str) -> DeviceHandle:
     with nvml_errors(nvml, f"GPU {gpu_uuid}: getting its handle"):
         return nvml.nvmlDeviceGetHandleByUUID(gpu_uuid)
-
-
-def possible_placements(
-    nvml: NvmlApi, gpu_uuid: str, *, profile_index: int
-) -> tuple[MigPlacement, ...]:
-    """Every placement the GPU allows for a profile (``NVML_GPU_INSTANCE_PROFILE_*``)."""
-    with nvml_session(nvml):
-        handle = _gpu(nvml, gpu_uuid)
-        where = f"GPU {gpu_uuid}"
-        info = _profile_info(nvml, handle, profile_index, where)
-        placements = (nvml.c_nvmlGpuInstancePlacement_t * 16)()  # at most 8 memory slices
-        count = ctypes.c_uint(len(placements))
-        with nvml_errors(nvml, f"{where}: listing placements of profile {profile_index}"):
-            nvml.nvmlDeviceGetGpuInstancePossiblePlacements(
-                handle, info.id, placements, ctypes.pointer(count)
-            )
-        return tuple(MigPlacement(int(p.start), int(p.size)) for p in placements[: count.value])
 
 
 def create_gpu_instance(nvml: NvmlApi, gpu_uuid: str, *, profile_index: int, start: int) -> int:

@@ -127,11 +127,6 @@ class MetricsServer:
         return port
 
     @property
-    def active_connections(self) -> int:
-        """Connections being answered right now (past `max_connections`, probes only)."""
-        return len(self._connections)
-
-    @property
     def url(self) -> str:
         host = self.host or "127.0.0.1"
         if ":" in host:

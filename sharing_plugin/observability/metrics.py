@@ -151,6 +151,12 @@ class Metrics:
             ["resource", "result"],
             registry=r,
         )
+        self._pod_resources_errors = Counter(
+            f"{_PREFIX}_podresources_errors",
+            "PodResources List calls kubelet did not answer (socket absent, call failed); "
+            "devices pods hold are then taken as at the last answer.",
+            registry=r,
+        )
         self._reloads = Counter(
             f"{_PREFIX}_reloads",
             "Config reloads, by result (failed = the previous config kept serving).",
@@ -241,6 +247,10 @@ class Metrics:
 
     def count_registration(self, resource: str, *, ok: bool = True) -> None:
         self._registrations.labels(resource, _result(ok)).inc()
+
+    def count_pod_resources_error(self) -> None:
+        """Count one PodResources call that got no answer."""
+        self._pod_resources_errors.inc()
 
     # --- config ------------------------------------------------------------------------------
 

@@ -128,12 +128,6 @@ class StatusBoard:
 
     # --- MIG ---------------------------------------------------------------------------------
 
-    def set_mig(self, gpu: str, state: MigState | str, reason: str | None = None) -> None:
-        self._mig[gpu] = (MigState(state), reason)
-
-    def remove_mig(self, gpu: str) -> None:
-        self._mig.pop(gpu, None)
-
     def set_mig_states(self, states: Mapping[str, GpuMigState]) -> None:
         """Every GPU's layout state at once; GPUs left out have no declared layout any more."""
         self._mig = {gpu: (s.state, s.reason) for gpu, s in states.items()}

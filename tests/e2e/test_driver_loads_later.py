@@ -18,9 +18,9 @@ from pathlib import Path
 import pytest
 import yaml
 from plugin_process import PluginProcess
+from support.mps import alive, pid_of, write_wrapper
 
 from sharing_plugin.sim.kubelet.simulator import KubeletSimulator
-from sharing_plugin.sim.mps import alive, pid_of, write_wrapper
 
 RESOURCE = "nvidia.com/gpu"
 

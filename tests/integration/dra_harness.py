@@ -11,13 +11,13 @@ from typing import Any
 
 import lightkube
 from kube_api import FakeKubeApi, Permissions
+from support.dra.allocator import allocate, allocated_devices
+from support.dra.kubelet import DraKubeletSimulator, PreparedAnswer
 
 from sharing_plugin.backends import backend_from_spec
 from sharing_plugin.daemon.dra import DraDaemon, DraOptions
 from sharing_plugin.daemon.options import SourceOptions
 from sharing_plugin.dra.claims import ClaimRef
-from sharing_plugin.sim.dra.allocator import allocate, allocated_devices
-from sharing_plugin.sim.dra.kubelet import DraKubeletSimulator, PreparedAnswer
 from sharing_plugin.views.dra import PublishedDevice, device_class, device_class_name
 
 DRIVER = "gpu.sharing-plugin.io"

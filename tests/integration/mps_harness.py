@@ -15,12 +15,13 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+from support.mps import alive, pid_of
+
 from sharing_plugin.backends import backend_from_spec
 from sharing_plugin.daemon.mps import MpsController, MpsControlOptions
 from sharing_plugin.daemon.mps_keeper import KeeperTiming
 from sharing_plugin.daemon.options import SourceOptions
 from sharing_plugin.mps import ControlBinary, DaemonRecord, read_record
-from sharing_plugin.sim.mps import alive, pid_of
 
 # Two GPUs of different memory, so "memory / replicas" is checked per device.
 TWO_GPUS: dict[str, Any] = {

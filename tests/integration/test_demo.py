@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 from pathlib import Path
 
-from sharing_plugin.sim.demo import run_demo
+from sharing_plugin.cli.demo import run_demo
 
 
 async def _printed(lines: list[str], text: str, within: float = 5.0) -> None:

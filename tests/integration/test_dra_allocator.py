@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 from dra_support import published_devices
+from support.dra.allocator import AllocationFailed, allocate, matches
 
-from sharing_plugin.sim.dra.allocator import AllocationFailed, allocate, matches
 from sharing_plugin.views.dra import V1BETA1, device_class, resource_slices
 
 DRIVER = "gpu.sharing-plugin.io"

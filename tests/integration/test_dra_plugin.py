@@ -1,4 +1,4 @@
-"""The DRA kubelet plugin over real unix sockets, driven by the in-package DRA kubelet simulator:
+"""The DRA kubelet plugin over real unix sockets, driven by the tests' DRA kubelet simulator:
 registration, prepare -> CDI spec -> unprepare, idempotence across restarts, per-claim errors."""
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support.dra.kubelet import DraKubeletSimulator
 
 from sharing_plugin.config.model import Config
 from sharing_plugin.dra.api.constants import V1_SERVICE, V1BETA1_SERVICE
@@ -22,7 +23,6 @@ from sharing_plugin.dra.server import DraPluginServer, plugin_dir
 from sharing_plugin.errors import KubeApiError, KubeletError
 from sharing_plugin.gpus.inventory import Inventory
 from sharing_plugin.plan import Plan
-from sharing_plugin.sim.dra.kubelet import DraKubeletSimulator
 from sharing_plugin.views.dra import dra_devices
 
 DRIVER = "gpu.sharing-plugin.io"

@@ -3,15 +3,21 @@
 from __future__ import annotations
 
 import asyncio
+import socket
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
 from sharing_plugin.config.model import Config
+from sharing_plugin.errors import KubeletError
 from sharing_plugin.gpus.inventory import Inventory
 from sharing_plugin.kubelet.podresources import PodResourcesClient
 from sharing_plugin.kubelet.server import AllocateContext, ResourceServer
-from sharing_plugin.kubelet.watch import KubeletWatcher, wait_for_kubelet
+from sharing_plugin.kubelet.watch import KubeletWatcher
+from sharing_plugin.observability.metrics import Metrics
 from sharing_plugin.plan import Plan
 from sharing_plugin.sim.kubelet.simulator import KubeletSimulator
 
@@ -119,20 +125,20 @@ async def test_a_deleted_socket_is_replaced_and_registered_again(
 
 async def test_kubelet_started_after_the_plugin(short_dir: Path, make_plan: MakePlan) -> None:
     kubelet_dir = short_dir / "kl"  # not even the directory exists yet
-    waiting = asyncio.create_task(wait_for_kubelet(kubelet_dir), name="test:wait-for-kubelet")
     server = gpu_server(kubelet_dir, make_plan)
     await server.start()  # listens already: kubelet's start-up cleanup will delete this socket
     try:
-        async with KubeletSimulator(kubelet_dir, grace_period=0.2, dial_timeout=2.0) as kubelet:
-            await asyncio.wait_for(waiting, 5)
+        # Refused while kubelet is absent; the supervisor retries it with backoff.
+        with pytest.raises(KubeletError, match="kubelet"):
             await server.register()
+        assert not server.registered
+        async with KubeletSimulator(kubelet_dir, grace_period=0.2, dial_timeout=2.0) as kubelet:
+            await server.register()  # the retry, once kubelet listens
             assert server.registered
             await kubelet.wait_for(lambda: kubelet.allocatable(GPU) == 8)
             assert server.socket_path is not None and server.socket_path.exists()
             assert kubelet.registrations[0].endpoint == server.socket_path.name
     finally:
-        waiting.cancel()
-        await asyncio.gather(waiting, return_exceptions=True)
         await server.stop()
 
 
@@ -164,13 +170,25 @@ async def test_the_watcher_waits_for_a_missing_directory(
         await server.stop()
 
 
+def unanswered(metrics: Metrics) -> float:
+    text = metrics.render().decode()
+    return next(
+        s.value
+        for f in text_string_to_metric_families(text)
+        for s in f.samples
+        if s.name == "sharing_plugin_podresources_errors_total"
+    )
+
+
 async def test_pod_resources_reports_held_devices_and_tolerates_absence(
     short_dir: Path, make_plan: MakePlan
 ) -> None:
-    client = PodResourcesClient(short_dir)
+    metrics = Metrics()
+    client = PodResourcesClient(short_dir, metrics=metrics)
     try:
         assert await client.held_devices() is None  # no kubelet: tolerated
         assert await client.held_by() is None
+        assert unanswered(metrics) == 2  # each call counted, though logged once
         server = gpu_server(short_dir, make_plan)
         async with KubeletSimulator(short_dir, grace_period=0.2, dial_timeout=2.0) as kubelet:
             await server.start()
@@ -186,8 +204,15 @@ async def test_pod_resources_reports_held_devices_and_tolerates_absence(
                 assert await client.held_by() == dict.fromkeys(ids, ("team", "p", "c"))
                 kubelet.delete_pod("p", "team")
                 assert await client.held_devices() == {}
+                assert unanswered(metrics) == 2
             finally:
                 await server.stop()
         assert await client.held_devices() is None  # kubelet gone again
+        assert unanswered(metrics) == 3
+        # A socket nobody listens on (a killed kubelet): the call itself fails.
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as dead:
+            dead.bind(str(client.socket))
+            assert await client.held_devices() is None
+        assert unanswered(metrics) == 4
     finally:
         await client.close()

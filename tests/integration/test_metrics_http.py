@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import pytest
 
 from sharing_plugin.errors import MetricsServerError
+from sharing_plugin.mig.state import GpuMigState, MigState
 from sharing_plugin.observability import Metrics, MetricsServer, StatusBoard
 
 GPU = "nvidia.com/gpu"
@@ -96,7 +97,7 @@ async def test_status_json(served: MetricsServer) -> None:
     served.status.set_config(name="a100", hash="h1")
     served.status.set_resource(GPU, devices=8, healthy=7, draining=["GPU-a::1"], registered=True)
     served.status.set_error("cfg.yaml:3:5: version: unknown version 'v2'")
-    served.status.set_mig("GPU-a", "pending", "held by a pod")
+    served.status.set_mig_states({"GPU-a": GpuMigState(MigState.PENDING, "held by a pod")})
     response = await get(served.port, "/status")
     assert response.status == 200
     assert response.headers["content-type"] == "application/json"
@@ -171,16 +172,21 @@ async def test_slow_or_silent_clients_time_out_without_blocking_others(
     assert (await get(served.port, "/healthz")).status == 200
 
 
+async def refused(port: int, path: str, within: float = 5.0) -> None:
+    """Wait until `path` is answered 503: the connection cap is full."""
+    async with asyncio.timeout(within):
+        # The server tells nothing of the connections it has accepted but its answers.
+        while (await get(port, path)).status != 503:  # noqa: ASYNC110
+            await asyncio.sleep(0.01)
+
+
 async def test_past_the_connection_cap_only_probes_are_answered() -> None:
     async with MetricsServer(
         "127.0.0.1", 0, Metrics(), StatusBoard(), read_timeout=5, max_connections=2
     ) as server:
         idle = [await asyncio.open_connection("127.0.0.1", server.port) for _ in range(2)]
-        async with asyncio.timeout(5):
-            # The server has no "accepted" event to wait on; this only runs in this test.
-            while server.active_connections < 2:  # noqa: ASYNC110
-                await asyncio.sleep(0.01)
-        assert (await get(server.port, "/metrics")).status == 503
+        # Once the server has accepted both, a scrape is refused.
+        await refused(server.port, "/metrics")
         assert (await get(server.port, "/status")).status == 503
         assert (await get(server.port, "/healthz")).status == 200
         assert (await get(server.port, "/readyz")).status == 503  # not ready: no config
@@ -217,7 +223,7 @@ async def test_liveness_probe_answers_through_a_reconnecting_connection_flood() 
             async with asyncio.timeout(5):
                 while connected < 100:  # noqa: ASYNC110 -- the flood has no event to wait on
                     await asyncio.sleep(0.01)
-            assert server.active_connections > 64  # every slot of the cap is taken
+            await refused(server.port, "/metrics")  # every slot of the cap is taken
             statuses = []
             for _ in range(10):
                 started = asyncio.get_running_loop().time()

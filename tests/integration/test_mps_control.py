@@ -21,9 +21,9 @@ from mps_harness import (
     record,
     resource_root,
 )
+from support.mps import write_wrapper
 
 from sharing_plugin.mps import DaemonState, process_alive
-from sharing_plugin.sim.mps import write_wrapper
 
 
 @pytest.fixture

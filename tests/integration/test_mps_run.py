@@ -27,9 +27,9 @@ from mps_harness import (
     reap_daemons,
     resource_root,
 )
+from support.mps import write_wrapper
 
 from sharing_plugin.mps import DaemonRecord, DaemonState, process_alive, write_record
-from sharing_plugin.sim.mps import write_wrapper
 
 REPLICAS = 4
 ALL = 2 * REPLICAS  # two GPUs

@@ -15,7 +15,7 @@ from sharing_plugin.backends import backend_from_spec
 from sharing_plugin.errors import NvmlError
 from sharing_plugin.gpus.health_tracker import EventKind
 from sharing_plugin.nvml.discover import discover
-from sharing_plugin.nvml.events import NvmlEvent, NvmlEventWatch, nvml_events
+from sharing_plugin.nvml.events import NvmlEvent, NvmlEventWatch
 from sharing_plugin.sim.nvml.simulated import SimulatedNvml
 
 
@@ -178,29 +178,19 @@ def watch_state(watch: NvmlEventWatch) -> tuple[list[str], dict[str, set[str]]]:
     return watch.unwatched, {u: {str(k) for k in ks} for u, ks in watch.unsupported.items()}
 
 
-async def test_the_generator_form_stops_its_thread_when_closed() -> None:
-    sim = SimulatedNvml.from_preset("workstation")
-    inventory = discover(sim)
-    events = nvml_events(sim, inventory, wait_ms=50)
-    consumer = asyncio.create_task(anext(events))
-    await asyncio.sleep(0.05)
-    sim.inject_xid(0, 43)
-    assert await asyncio.wait_for(consumer, timeout=1.0) == NvmlEvent(inventory.gpus[0].uuid, 43)
-    await events.aclose()
-    # The thread frees its event set and shuts NVML down when its current wait returns.
-    assert await asyncio.to_thread(sim.wait_until_shut_down, 2.0)
-
-
 async def test_cancelling_a_waiting_consumer_ends_the_watch() -> None:
     sim = SimulatedNvml.from_preset("workstation")
     inventory = discover(sim)
+    watching = asyncio.Event()
 
-    async def consume() -> None:
-        async for _ in nvml_events(sim, inventory, wait_ms=50):
-            pass
+    async def consume() -> None:  # as the health monitor's task holds the watch
+        async with NvmlEventWatch(sim, inventory, wait_ms=50) as watch:
+            watching.set()
+            async for _ in watch:
+                pass
 
     task = asyncio.create_task(consume())
-    await asyncio.sleep(0.1)
+    await watching.wait()  # the consumer now waits for its next event
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task

@@ -11,7 +11,6 @@ from sharing_plugin.nvml.mig_ops import (
     create_compute_instance,
     create_gpu_instance,
     destroy_mig_device,
-    possible_placements,
     set_mig_mode,
 )
 from sharing_plugin.sim.nvml.mig import MigCall
@@ -19,16 +18,6 @@ from sharing_plugin.sim.nvml.simulated import SimulatedNvml
 
 GI_1_SLICE, GI_3_SLICE, GI_7_SLICE = 0, 2, 4  # NVML_GPU_INSTANCE_PROFILE_*
 CI_3_SLICE = 2  # NVML_COMPUTE_INSTANCE_PROFILE_3_SLICE
-
-
-def test_possible_placements_come_from_the_profile_table() -> None:
-    sim = SimulatedNvml.from_preset("dgx-a100-80gb")
-    uuid = sim.gpus[0].uuid
-    assert possible_placements(sim, uuid, profile_index=GI_3_SLICE) == (
-        MigPlacement(0, 4),
-        MigPlacement(4, 4),
-    )
-    assert len(possible_placements(sim, uuid, profile_index=GI_1_SLICE)) == 7
 
 
 def test_create_then_discover_then_destroy() -> None:
@@ -74,8 +63,6 @@ def test_a_refused_creation_is_recorded_and_names_the_error() -> None:
 def test_gpus_without_mig_refuse_mig_calls() -> None:
     sim = SimulatedNvml.from_preset("t4x4")
     uuid = sim.gpus[0].uuid
-    with pytest.raises(NvmlError, match="NVML_ERROR_NOT_SUPPORTED"):
-        possible_placements(sim, uuid, profile_index=GI_1_SLICE)
     with pytest.raises(NvmlError, match="NVML_ERROR_NOT_SUPPORTED"):
         create_gpu_instance(sim, uuid, profile_index=GI_1_SLICE, start=0)
     with pytest.raises(NvmlError, match="NVML_ERROR_NOT_SUPPORTED"):

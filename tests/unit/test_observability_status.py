@@ -5,9 +5,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 
-import pytest
-
-from sharing_plugin.mig.state import MigState
+from sharing_plugin.mig.state import GpuMigState, MigState
 from sharing_plugin.observability import StatusBoard
 from sharing_plugin.observability.status import rfc3339
 
@@ -32,8 +30,12 @@ def test_full_document_matches_the_contract() -> None:
     assert board.set_config(name="a100", hash="sha256:ab12", loaded_at=loaded) == 1
     board.set_resource(SHARED, devices=40, healthy=38, draining=["GPU-b::3", "GPU-a::9"])
     board.set_registered(SHARED, True)
-    board.set_mig("GPU-a", MigState.PENDING, "MIG-x is held by default/pod-1")
-    board.set_mig("GPU-b", "applied")
+    board.set_mig_states(
+        {
+            "GPU-a": GpuMigState(MigState.PENDING, "MIG-x is held by default/pod-1"),
+            "GPU-b": GpuMigState(MigState.APPLIED),
+        }
+    )
     doc = board.to_json()
     assert doc["config"] == {
         "name": "a100",
@@ -99,12 +101,17 @@ def test_resources_property_is_a_copy() -> None:
     assert board.resources[GPU].draining == ["a"]
 
 
-def test_mig_state_rejects_unknown_values() -> None:
+def test_mig_states_replace_the_previous_ones() -> None:
     board = StatusBoard()
-    with pytest.raises(ValueError):
-        board.set_mig("GPU-a", "done")
-    board.set_mig("GPU-a", "error", "NVML_ERROR_NO_PERMISSION")
-    board.remove_mig("GPU-a")
+    board.set_mig_states(
+        {
+            "GPU-a": GpuMigState(MigState.ERROR, "NVML_ERROR_NO_PERMISSION"),
+            "GPU-b": GpuMigState(MigState.PENDING, "held"),
+        }
+    )
+    board.set_mig_states({"GPU-b": GpuMigState(MigState.APPLIED)})
+    assert board.to_json()["mig"] == {"GPU-b": {"state": "applied", "reason": None}}
+    board.set_mig_states({})  # no GPU has a declared layout any more
     assert board.to_json()["mig"] == {}
 
 

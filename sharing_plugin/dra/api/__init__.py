@@ -3,5 +3,5 @@
 pluginregistration/v1 (the plugin watcher's Registration service), dra/v1beta1 (Kubernetes
 1.32-1.33) and dra/v1 (1.34+) live in separate directories so that each api.proto is registered
 in the protobuf descriptor pool under its own path. Regenerate with
-`python -m sharing_plugin.dra.api.generate`.
+`make api` (`scripts/generate_api.py`, for both API trees).
 """

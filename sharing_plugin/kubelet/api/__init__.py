@@ -2,5 +2,5 @@
 
 deviceplugin/v1beta1 and podresources/v1 live in separate directories so that each api.proto is
 registered in the protobuf descriptor pool under its own path. Regenerate with
-`python -m sharing_plugin.kubelet.api.generate`.
+`make api` (`scripts/generate_api.py`, for both API trees).
 """

@@ -22,7 +22,5 @@ KUBELET_SOCKET: Final = "kubelet.sock"
 # Kubelet's device manager checkpoint; the only file kubelet keeps in device-plugins on restart.
 KUBELET_CHECKPOINT: Final = "kubelet_internal_checkpoint"
 
-DEFAULT_KUBELET_DIR: Final = "/var/lib/kubelet"
-
 # Kubelet's gRPC clients keep grpc-go's default receive limit, 4 MiB per message.
 KUBELET_MAX_RECEIVE_MESSAGE_BYTES: Final = 4 * 1024 * 1024

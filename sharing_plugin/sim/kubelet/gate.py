@@ -27,10 +27,6 @@ class Gate:
         self._on_change = on_change
         self.waiting = 0
 
-    @property
-    def is_open(self) -> bool:
-        return self._open.is_set()
-
     def close(self) -> None:
         self._open.clear()
 

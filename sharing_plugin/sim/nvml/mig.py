@@ -2,9 +2,9 @@
 
 Creation follows the model's placement table exactly as the driver does (allowed starts, no
 overlap, per-profile and per-GPU counts, a single "+me" instance), so a layout the simulator
-accepts is one a real GPU accepts. Without an explicit placement the first free allowed start is
-taken, which is why creation order matters on hardware too. Every create/destroy/mode call is
-recorded in `mig_calls` for tests of code that partitions GPUs.
+accepts is one a real GPU accepts. Only creation with an explicit placement is offered: the
+plugin never leaves the start to the driver. Every create/destroy/mode call is recorded in
+`mig_calls` for tests of code that partitions GPUs.
 """
 
 from __future__ import annotations
@@ -214,42 +214,29 @@ class SimMigOps:
 
     # ---- GPU instances ----
 
-    def nvmlDeviceCreateGpuInstance(self, handle: object, profileId: int) -> GpuInstanceHandle:
-        return GpuInstanceHandle(self._create_gi(handle, profileId, None))
-
     def nvmlDeviceCreateGpuInstanceWithPlacement(
         self,
         handle: object,
         profileId: int,
         placement: object,
     ) -> GpuInstanceHandle:
-        return GpuInstanceHandle(self._create_gi(handle, profileId, _deref(placement)))
-
-    def _create_gi(self, handle: object, profile_id: int, placement: Any) -> SimGpuInstance:
         gpu, _ = self._mig_gpu(handle)
-        spec = self._spec_by_info_id(gpu, profile_id)
+        spec = self._spec_by_info_id(gpu, profileId)
+        wanted = _deref(placement)
+        start = int(wanted.start)
         with self._mig_lock:
             taken = [(gi.spec, gi.start) for gi in gpu.gpu_instances]
-            if placement is None:
-                problems = [placement_problem(gpu, spec, s, existing=taken) for s in spec.starts]
-                start = next(
-                    (s for s, p in zip(spec.starts, problems, strict=True) if p is None), None
-                )
-                code = pynvml.NVML_ERROR_INSUFFICIENT_RESOURCES if start is None else None
-            else:
-                start = int(placement.start)
-                code = (
-                    pynvml.NVML_ERROR_INVALID_ARGUMENT
-                    if int(placement.size) != spec.memory_slices
-                    else placement_problem(gpu, spec, start, existing=taken)
-                )
-            if code is not None or start is None:
-                final = code or pynvml.NVML_ERROR_INSUFFICIENT_RESOURCES
-                self._record("create_gpu_instance", gpu, spec, start, final)
-                raise nvml_error(final)
+            code = (
+                pynvml.NVML_ERROR_INVALID_ARGUMENT
+                if int(wanted.size) != spec.memory_slices
+                else placement_problem(gpu, spec, start, existing=taken)
+            )
+            if code is not None:
+                self._record("create_gpu_instance", gpu, spec, start, code)
+                raise nvml_error(code)
             gi = add_gpu_instance(gpu, spec, start)
             self._record("create_gpu_instance", gpu, spec, start, pynvml.NVML_SUCCESS)
-            return gi
+            return GpuInstanceHandle(gi)
 
     def nvmlDeviceGetGpuInstanceById(self, handle: object, gpuInstanceId: int) -> GpuInstanceHandle:
         gpu, _ = self._mig_gpu(handle)

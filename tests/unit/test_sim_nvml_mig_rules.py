@@ -1,19 +1,16 @@
 """The simulated NVML's GPU-instance creation rules, checked against a table of layouts per family.
 
-Each layout is created step by step, in order: ``"3g.20gb@4"`` through the adapter with an
-explicit placement (what the plugin does), ``"3g.20gb"`` through plain nvmlDeviceCreateGpuInstance
-(the driver picks the first free start, so order matters). A layout either fits completely or
-fails at a given step with the NVML error the hardware returns.
+Each layout is created step by step, in order, each ``"3g.20gb@4"`` through the adapter with
+its explicit placement, as the plugin creates every GPU instance. A layout either fits
+completely or fails at a given step with the NVML error the hardware returns.
 """
 
 from __future__ import annotations
 
-import pynvml
 import pytest
 
 from sharing_plugin.errors import NvmlError
 from sharing_plugin.gpus.catalog import model_for
-from sharing_plugin.nvml.calls import error_name
 from sharing_plugin.nvml.mig_ops import create_gpu_instance
 from sharing_plugin.sim.nvml.node import GpuGroup, LoadedNode, MigDescription, NodeDescription
 from sharing_plugin.sim.nvml.simulated import SimulatedNvml
@@ -35,19 +32,19 @@ def ga100_cases(p1: str, me: str, wide: str, p2: str, p3: str, p4: str, p7: str)
         ([f"{me}@0"] + [f"{p1}@{s}" for s in range(1, 7)], None),
         ([f"{wide}@0", f"{wide}@2", f"{wide}@4", f"{wide}@6"], None),
         ([f"{p3}@4", f"{p2}@0", f"{p1}@2", f"{p1}@3"], None),
-        ([p3, p3], None),  # first free starts: 0, then 4
-        ([p4, p1], None),  # the big one first leaves room
-        ([f"{p4}@0", f"{p2}@4", p2], (2, NO_ROOM)),  # 4g + 2 x 2g does not fit
+        ([f"{p4}@0", f"{p1}@4"], None),  # the big one first leaves room
+        ([f"{p1}@6", f"{p3}@0"], None),
+        ([f"{p4}@0", f"{p2}@4", f"{p2}@2"], (2, NO_ROOM)),  # 4g + 2 x 2g does not fit
         ([f"{p4}@0", f"{p2}@4", f"{p2}@6"], (2, BAD_PLACEMENT)),  # 2g never starts at 6
         ([f"{me}@0", f"{me}@1"], (1, NO_ROOM)),  # one +me at most
         ([f"{p7}@0", f"{p1}@0"], (1, NO_ROOM)),  # overlap
         ([f"{p1}@7"], (0, BAD_PLACEMENT)),  # slice 7 has no compute slice of its own
         ([f"{p3}@2"], (0, BAD_PLACEMENT)),
-        ([p1, p4], (1, NO_ROOM)),  # order-dependent: the 1g took slice 0, 4g only starts there
-        ([p2, p2, p2, p2], (3, NO_ROOM)),
-        ([wide] * 5, (4, NO_ROOM)),
-        ([p3, p3, p1], (2, NO_ROOM)),
-        ([p1] * 8, (7, NO_ROOM)),
+        ([f"{p1}@0", f"{p4}@0"], (1, NO_ROOM)),  # 4g only starts at slice 0
+        ([f"{p2}@0", f"{p2}@2", f"{p2}@4", f"{p2}@4"], (3, NO_ROOM)),
+        ([f"{wide}@{s}" for s in (0, 2, 4, 6, 0)], (4, NO_ROOM)),
+        ([f"{p3}@0", f"{p3}@4", f"{p1}@6"], (2, NO_ROOM)),
+        ([*(f"{p1}@{s}" for s in range(7)), f"{p1}@3"], (7, NO_ROOM)),
     ]
 
 
@@ -60,17 +57,17 @@ def a30_cases() -> list[Case]:
         ([f"{p2}@0", f"{p1}@2", f"{p1}@3"], None),
         ([f"{me2}@0", f"{p2}@2"], None),
         ([f"{me1}@0", f"{p1}@1", f"{p1}@2", f"{p1}@3"], None),
-        ([p1, p2], None),  # 1g at 0, 2g at 2
-        ([p2, p1, p1], None),
-        ([p1, p4], (1, NO_ROOM)),  # order-dependent
+        ([f"{p1}@0", f"{p2}@2"], None),
+        ([f"{p2}@2", f"{p1}@0", f"{p1}@1"], None),
+        ([f"{p1}@0", f"{p4}@0"], (1, NO_ROOM)),  # 4g only starts at slice 0
         ([f"{p2}@1"], (0, BAD_PLACEMENT)),
         ([f"{p1}@4"], (0, BAD_PLACEMENT)),
-        ([f"{p4}@0", p1], (1, NO_ROOM)),
-        ([p2, p2, p2], (2, NO_ROOM)),
-        ([p1] * 5, (4, NO_ROOM)),
+        ([f"{p4}@0", f"{p1}@3"], (1, NO_ROOM)),
+        ([f"{p2}@0", f"{p2}@2", f"{p2}@0"], (2, NO_ROOM)),
+        ([*(f"{p1}@{s}" for s in range(4)), f"{p1}@2"], (4, NO_ROOM)),
         ([f"{me2}@0", f"{me1}@2"], (1, NO_ROOM)),  # one media-extension set per GPU
         ([f"{me2}@0", f"{me2}@2"], (1, NO_ROOM)),
-        ([p1, p1, p2, p2], (3, NO_ROOM)),
+        ([f"{p1}@0", f"{p1}@1", f"{p2}@2", f"{p2}@0"], (3, NO_ROOM)),
     ]
 
 
@@ -110,21 +107,10 @@ def run_steps(product: str, steps: list[str]) -> tuple[int, str] | None:
         name, _, start = text.partition("@")
         spec = model.mig.profile(name)
         assert spec is not None, f"{name} is not a {product} profile"
-        if start:
-            try:
-                create_gpu_instance(sim, uuid, profile_index=spec.gi_profile_id, start=int(start))
-            except NvmlError as exc:
-                return step, str(exc.name)
-        else:
-            sim.nvmlInit()
-            try:
-                handle = sim.nvmlDeviceGetHandleByIndex(0)
-                info = sim.nvmlDeviceGetGpuInstanceProfileInfo(handle, spec.gi_profile_id)
-                sim.nvmlDeviceCreateGpuInstance(handle, info.id)
-            except pynvml.NVMLError as exc:
-                return step, error_name(pynvml, exc.value)
-            finally:
-                sim.nvmlShutdown()
+        try:
+            create_gpu_instance(sim, uuid, profile_index=spec.gi_profile_id, start=int(start))
+        except NvmlError as exc:
+            return step, str(exc.name)
     return None
 
 

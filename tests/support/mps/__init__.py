@@ -1,12 +1,15 @@
-"""A stand-in for `nvidia-cuda-mps-control`, run as a real process by tests and the demo.
+"""A stand-in for `nvidia-cuda-mps-control`, run as a real process by the tests.
 
 The MPS control daemon is an outside program the plugin drives through its command line: `-d`
 starts it in the background for the GPUs in `CUDA_VISIBLE_DEVICES`, with its pipes in
 `CUDA_MPS_PIPE_DIRECTORY` and its logs in `CUDA_MPS_LOG_DIRECTORY`; without `-d` the command
 reads control commands from stdin and sends each to the daemon of that pipe directory. This
-package implements that surface as a separate executable (`python -m sharing_plugin.sim.mps`,
-or the wrapper script `write_wrapper` makes for `--mps-control-bin`), so the production adapter
-that spawns the binary is what the tests exercise, down to processes that die.
+package implements that surface as a separate executable (the script `control.py`, run through
+the wrapper `write_wrapper` makes for `--mps-control-bin`), so the production adapter that
+spawns the binary is what the tests exercise, down to processes that die.
+
+It lives with the tests, not in the package: a real node runs NVIDIA's binary, and the wheel
+carries only what a node runs.
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from sharing_plugin.sim.mps.control import CONTROL_SOCKET, PID_FILE
+from support.mps.control import CONTROL_SOCKET, PID_FILE
 
 __all__ = ["CONTROL_SOCKET", "PID_FILE", "alive", "pid_of", "write_wrapper"]
 
@@ -22,17 +25,16 @@ WRAPPER_NAME = "nvidia-cuda-mps-control"
 
 
 def write_wrapper(directory: Path, *, python: str = sys.executable) -> Path:
-    """An executable `directory/nvidia-cuda-mps-control` that runs the simulator.
+    """An executable `directory/nvidia-cuda-mps-control` that runs the stand-in.
 
-    A script rather than a console entry point: the simulator must not be installed on a real
-    node's PATH where it could shadow the real binary.
+    The script is run by its path: it imports only the standard library, so it needs neither
+    the tests' import path nor the package.
     """
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / WRAPPER_NAME
-    # -S is not used: the package is found through the interpreter's site-packages (editable
-    # installs included); -I would drop the environment the daemon is configured by.
+    script = Path(__file__).resolve().parent / "control.py"
     path.write_text(
-        f'#!/bin/sh\nexec {_quote(python)} -m sharing_plugin.sim.mps "$@"\n', encoding="utf-8"
+        f'#!/bin/sh\nexec {_quote(python)} {_quote(str(script))} "$@"\n', encoding="utf-8"
     )
     path.chmod(0o755)
     return path

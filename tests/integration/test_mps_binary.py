@@ -1,4 +1,5 @@
-"""The simulated `nvidia-cuda-mps-control`, run as a process as the plugin runs the real one."""
+"""The MPS control binary as a process: the tests' stand-in for `nvidia-cuda-mps-control`, and
+the adapter (`ControlBinary`, `wait_exit`) driving it as it drives the real one."""
 
 from __future__ import annotations
 
@@ -10,10 +11,10 @@ from pathlib import Path
 
 import pytest
 from mps_harness import ask, reap_daemons
+from support.mps import alive, pid_of, write_wrapper
 
 from sharing_plugin.errors import MpsError
 from sharing_plugin.mps import ControlBinary, process_alive, wait_exit
-from sharing_plugin.sim.mps import alive, pid_of, write_wrapper
 
 
 @pytest.fixture

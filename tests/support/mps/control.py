@@ -237,3 +237,7 @@ def _device(text: str, limits: _Limits) -> int | None:
     if not text.isdigit() or int(text) >= limits.devices:
         return None
     return int(text)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

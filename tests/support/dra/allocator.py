@@ -1,4 +1,4 @@
-"""A small stand-in for the scheduler's DRA allocator, for tests and trying configs locally.
+"""A small stand-in for the scheduler's DRA allocator, for the tests.
 
 In a cluster the scheduler's allocator (k8s.io/dynamic-resource-allocation/structured, with the
 full CEL environment) decides which devices a claim gets; this module only picks devices the
