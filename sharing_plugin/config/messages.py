@@ -12,7 +12,7 @@ from __future__ import annotations
 import difflib
 import types
 import typing
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 from pydantic import BaseModel, ValidationError
@@ -22,8 +22,6 @@ from sharing_plugin.config.base import Issue, Loc
 from sharing_plugin.config.compat import RefusedNull
 from sharing_plugin.config.model import MAX_DEVICES_PER_RESOURCE, Config
 from sharing_plugin.config.yamldoc import Document, Mark
-
-Remap = Callable[[Mark], Mark]
 
 
 def format_loc(loc: Loc) -> str:

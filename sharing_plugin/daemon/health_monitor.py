@@ -144,15 +144,6 @@ def _parse(name: str, value: str) -> tuple[bool, frozenset[int], tuple[str, ...]
     return False, frozenset(xids), tuple(problems)
 
 
-def health_settings_from_env(environ: Mapping[str, str], health: Health) -> HealthSettings:
-    """`HealthEnv.from_environ(environ).settings(health)`, logging malformed entries. Call once
-    at start; on reloads keep the `HealthEnv` and call its `settings` with the new config."""
-    env = HealthEnv.from_environ(environ)
-    for problem in env.problems:
-        log.warning("%s", problem)
-    return env.settings(health)
-
-
 OnChange = Callable[[Mapping[str, bool]], Awaitable[None]]
 
 

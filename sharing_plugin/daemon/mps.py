@@ -99,10 +99,6 @@ class MpsController(NodeService):
         await self.pod_resources.close()
         await self.pipeline.close_client()
 
-    @property
-    def keepers(self) -> dict[str, DaemonKeeper]:
-        return {name: kept.keeper for name, kept in self._keepers.items()}
-
     # --- the pipeline's consumer ---------------------------------------------------------------
 
     def check(self, applied: Applied) -> None:

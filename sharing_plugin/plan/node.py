@@ -17,7 +17,6 @@ from sharing_plugin.errors import PlanError, Problem
 from sharing_plugin.gpus.inventory import Inventory
 from sharing_plugin.mig.desired import NOTHING_HELD, GpuMigAction, Holder, mig_actions
 from sharing_plugin.mig.predict import PLANNED_PREFIX, is_planned, predicted_inventory
-from sharing_plugin.mig.state import GpuMigState, state_of
 from sharing_plugin.plan.build import plan
 from sharing_plugin.plan.model import Plan
 
@@ -36,10 +35,6 @@ class NodePlan:
     inventory: Inventory  # the node as it will be (as it is when nothing is to change)
     plan: Plan
     warnings: tuple[str, ...]
-
-    def mig_states(self) -> dict[str, GpuMigState]:
-        """Per GPU a `partitioning.mig` entry selects, where its layout stands."""
-        return {action.gpu.uuid: state_of(action) for action in self.actions}
 
 
 def plan_node(

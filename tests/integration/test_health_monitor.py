@@ -15,7 +15,6 @@ from sharing_plugin.daemon.health_monitor import (
     HealthEnv,
     HealthMonitor,
     HealthSettings,
-    health_settings_from_env,
 )
 from sharing_plugin.gpus.health_tracker import RecoveryTiming, XidPolicy
 from sharing_plugin.gpus.inventory import Inventory
@@ -257,7 +256,7 @@ async def test_new_ignored_xids_apply_to_the_next_event() -> None:
 def test_environment_variables(
     environ: dict[str, str], enabled: bool, critical: set[int], ignored: set[int]
 ) -> None:
-    settings = health_settings_from_env(environ, Health())
+    settings = HealthEnv.from_environ(environ).settings(Health())
     assert settings.enabled is enabled
     if enabled:
         assert {x for x in critical if settings.policy.is_critical(x)} == critical
@@ -271,13 +270,15 @@ def test_config_timing_and_enabled_flow_into_the_settings() -> None:
     settings = HealthEnv().settings(health)
     assert not settings.enabled
     assert settings.timing == RecoveryTiming(quiet_period_s=5, first_check_s=2, max_check_s=300)
-    assert not health_settings_from_env({"DP_ENABLE_HEALTHCHECKS": "all"}, health).enabled
+    assert not HealthEnv.from_environ({"DP_ENABLE_HEALTHCHECKS": "all"}).settings(health).enabled
 
 
-def test_malformed_environment_entries_are_logged(caplog: pytest.LogCaptureFixture) -> None:
-    settings = health_settings_from_env({"DP_DISABLE_HEALTHCHECKS": "48,bogus"}, Health())
-    assert not settings.policy.is_critical(48)
-    assert "DP_DISABLE_HEALTHCHECKS: 'bogus' is not an Xid number or 'all'" in caplog.text
+def test_malformed_environment_entries_are_said() -> None:
+    env = HealthEnv.from_environ({"DP_DISABLE_HEALTHCHECKS": "48,bogus"})
+    assert not env.settings(Health()).policy.is_critical(48)
+    assert env.problems == (
+        "DP_DISABLE_HEALTHCHECKS: 'bogus' is not an Xid number or 'all'; it is ignored",
+    )
     assert HealthEnv.from_environ({"DP_DISABLE_HEALTHCHECKS": "48"}).describe() == (
         "DP_DISABLE_HEALTHCHECKS ignores Xids [48]"
     )

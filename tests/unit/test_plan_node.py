@@ -10,9 +10,9 @@ from sharing_plugin.config.model import Config
 from sharing_plugin.errors import PlanError
 from sharing_plugin.gpus.inventory import Inventory
 from sharing_plugin.mig.predict import is_planned
-from sharing_plugin.mig.state import GpuMigState, MigState
+from sharing_plugin.mig.state import GpuMigState, MigState, state_of
 from sharing_plugin.nvml.discover import discover
-from sharing_plugin.plan.node import plan_node
+from sharing_plugin.plan.node import NodePlan, plan_node
 from sharing_plugin.sim.nvml.simulated import SimulatedNvml
 
 MIXED = discover(SimulatedNvml.from_preset("a100-mig-mixed"))  # GPU 3: MIG on, no instances
@@ -31,11 +31,16 @@ def _ids(inventory: Inventory, resource: str, config: Config, **kw: Any) -> list
     return [d.physical for r in found for d in r.devices]
 
 
+def mig_states(node: NodePlan) -> dict[str, GpuMigState]:
+    """Per GPU a `partitioning.mig` entry selects, where its layout stands."""
+    return {action.gpu.uuid: state_of(action) for action in node.actions}
+
+
 def test_without_partitioning_the_node_is_planned_as_it_is() -> None:
     node = plan_node(_config(), MIXED)
     assert node.actions == () and node.problems == ()
     assert node.inventory is MIXED
-    assert node.mig_states() == {}
+    assert mig_states(node) == {}
     assert node.warnings == MIXED.warnings
 
 
@@ -48,7 +53,7 @@ def test_declared_layout_is_planned_on_the_node_it_will_leave() -> None:
     assert len(planned) == 7
     assert any("do not exist yet" in w for w in node.warnings)
     # The GPU still has to change: its state is an error until it has (never "applied").
-    assert node.mig_states()[gpu3.uuid].state is MigState.ERROR
+    assert mig_states(node)[gpu3.uuid].state is MigState.ERROR
 
 
 def test_as_is_never_plans_instances_yet_to_be_created() -> None:
@@ -65,7 +70,7 @@ def test_held_instance_makes_the_layout_pending_and_unchanged() -> None:
     held_mig = gpu0.mig_devices[0]  # 3g.40gb at slice 0, in the way of seven 1g.10gb
     config = _config(partitioning={"mig": [{"devices": [0], "profiles": {"1g.10gb": 7}}]})
     node = plan_node(config, MIXED, {held_mig.uuid: ("ns", "pod", "c")})
-    state = node.mig_states()[gpu0.uuid]
+    state = mig_states(node)[gpu0.uuid]
     assert state.state is MigState.PENDING
     assert state.reason is not None and "waiting for pod ns/pod" in state.reason
     assert node.inventory.gpus[0] == gpu0  # pending: planned as it is
@@ -75,7 +80,7 @@ def test_impossible_layout_is_a_problem_and_its_state_an_error() -> None:
     config = _config(partitioning={"mig": [{"devices": [3], "profiles": {"7g.80gb": 2}}]})
     node = plan_node(config, MIXED)
     assert [p.path for p in node.problems] == ["partitioning.mig[0].profiles"]
-    assert node.mig_states()[MIXED.gpus[3].uuid] == GpuMigState(
+    assert mig_states(node)[MIXED.gpus[3].uuid] == GpuMigState(
         MigState.ERROR, node.actions[0].error
     )
 
