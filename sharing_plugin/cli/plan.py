@@ -115,7 +115,6 @@ def _plan_node(args: argparse.Namespace) -> int:
     from sharing_plugin.config.loader import select
     from sharing_plugin.nvml.discover import discover
     from sharing_plugin.plan.node import plan_node
-    from sharing_plugin.sources.files import problem_line
     from sharing_plugin.views.labels import labels, render_labels
 
     # With --format json or labels, stdout is that output or nothing: problem lines go to stderr.
@@ -148,12 +147,12 @@ def _plan_node(args: argparse.Namespace) -> int:
         node = plan_node(config, inventory)
     except PlanError as exc:
         for problem in exc.problems:
-            print(problem_line(problem, file=args.config, config_name=name), file=problems_to)
+            print(loaded.place(problem), file=problems_to)
         return EXIT_INVALID
     _print_said([loaded])
     if node.problems:
         for problem in node.problems:
-            print(problem_line(problem, file=args.config, config_name=name), file=problems_to)
+            print(loaded.place(problem), file=problems_to)
         return EXIT_INVALID
     result, warnings = node.plan, list(node.warnings)
     if args.format in ("labels", "dra"):
@@ -196,7 +195,6 @@ def _read_nodes(name: str) -> Any:
 def _plan_fleet(args: argparse.Namespace) -> int:
     from sharing_plugin.cli.render import fleet_json, fleet_table
     from sharing_plugin.fleet.view import NodesDocumentError, fleet_view
-    from sharing_plugin.sources.files import problem_line
 
     if args.format in ("labels", "dra"):
         print(
@@ -220,12 +218,7 @@ def _plan_fleet(args: argparse.Namespace) -> int:
         print(f"sharing-plugin plan: {args.nodes}: not JSON: {exc}", file=sys.stderr)
         return EXIT_INVALID
     try:
-        view = fleet_view(
-            document,
-            configs,
-            requested_name=args.config_name,
-            problem_line=lambda p, name: problem_line(p, file=args.config, config_name=name),
-        )
+        view = fleet_view(document, configs, requested_name=args.config_name)
     except NodesDocumentError as exc:
         print(f"sharing-plugin plan: {args.nodes}: {exc}", file=sys.stderr)
         return EXIT_INVALID

@@ -243,11 +243,6 @@ def parse_configs(text: str | bytes, *, file: str) -> NamedConfigs:
     return {None: _loaded(_config(doc, file=file), data, _plain_origin(doc, file))}
 
 
-def is_stream(text: str) -> bool:
-    """Whether YAML `text` holds more than one document (`kubectl kustomize` output, say)."""
-    return len(_document_starts(text)[0]) > 1
-
-
 def _document_starts(text: str) -> tuple[list[tuple[int, int]], bool]:
     """(character index, line) where each document of a YAML stream starts, and whether the
     whole stream was scanned: a syntax error stops the scan, and the document holding it

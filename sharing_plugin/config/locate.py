@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from sharing_plugin.config.model import Config
-from sharing_plugin.config.yamldoc import Document, Mark, YamlProblem, read
+from sharing_plugin.config.yamldoc import Document, Mark
 from sharing_plugin.config.yamldoc import Path as DocPath
 from sharing_plugin.errors import Problem
 
@@ -101,41 +101,3 @@ def block_remap(doc: Document, key: str, text_lines: list[str]) -> Remap:
         quote = 0 if style is None else 1
         return lambda m: Mark(start.line, start.column + quote + m.column) if m.line == 0 else start
     return lambda m: start  # folded text: lines do not survive, point at the key's value
-
-
-def locate(path: str, text: str) -> tuple[int, int] | None:
-    """1-based line and column of the config entry at dotted `path` in YAML `text`.
-
-    Falls back to the closest written ancestor (a default value has no line of its own);
-    None when the text does not parse or nothing on the path is written.
-    """
-    try:
-        doc = read(text)
-    except YamlProblem:
-        return None
-    parts = path_parts(path)
-    while parts:
-        mark = doc.keys.get(parts) or doc.values.get(parts)
-        if mark is not None:
-            return mark.line + 1, mark.column + 1
-        parts = parts[:-1]
-    return None
-
-
-def locate_in_manifest(path: str, text: str, key: str) -> tuple[int, int] | None:
-    """The line of `path` inside the config held by a ConfigMap's `data.<key>`, in the manifest's
-    own lines (as validate reports it); the key's line when the entry cannot be found."""
-    fallback = locate(f"data.{key}", text)
-    try:
-        doc = read(text)
-    except YamlProblem:
-        return fallback
-    data = doc.value.get("data") if isinstance(doc.value, dict) else None
-    block = data.get(key) if isinstance(data, dict) else None
-    if not isinstance(block, str) or not path:
-        return fallback
-    inner = locate(path, block)
-    if inner is None:
-        return fallback
-    mark = block_remap(doc, key, text.splitlines())(Mark(inner[0] - 1, inner[1] - 1))
-    return mark.line + 1, mark.column + 1

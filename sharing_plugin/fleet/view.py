@@ -15,14 +15,14 @@ once: a fleet of thousands of nodes is a few hundred shapes.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Any
 
 from sharing_plugin.config.loader import LoadedConfig, select
 from sharing_plugin.config.names import DEFAULT_CONFIG_LABEL
-from sharing_plugin.errors import ConfigError, Problem, SharingPluginError
+from sharing_plugin.errors import ConfigError, SharingPluginError
 from sharing_plugin.fleet.from_labels import NodeLabelsError, node_inventory
 from sharing_plugin.gpus.inventory import Inventory
 from sharing_plugin.plan.node import plan_node
@@ -38,9 +38,6 @@ __all__ = [
     "fleet_view",
     "node_inventory",
 ]
-
-ProblemLine = Callable[[Problem, str | None], str]
-"""How a problem of the named config is printed: at its line in the file the admin edits."""
 
 
 class NodesDocumentError(SharingPluginError):
@@ -134,25 +131,17 @@ def _describe(inventory: Inventory) -> str:
     return f"{text} (MIG on {mig})" if mig else text
 
 
-def _default_line(loaded: LoadedConfig) -> ProblemLine:
-    def line(problem: Problem, _name: str | None) -> str:
-        return str(problem) if problem.file else f"{loaded.file}: {problem}"
-
-    return line
-
-
 def _planned(
     name: str,
     config_name: str | None,
     loaded: LoadedConfig,
     inventory: Inventory,
-    line: ProblemLine,
 ) -> NodeResult:
     gpus = _describe(inventory)
     try:
         node = plan_node(loaded.config, inventory)
     except ConfigError as exc:  # PlanError: the config does not fit this node
-        errors = tuple(line(p, config_name) for p in exc.problems)
+        errors = tuple(str(loaded.place(p)) for p in exc.problems)
         return NodeResult(name, NodeStatus.ERROR, config_name, gpus, errors=errors)
     resources = tuple(
         ResourceCount(r.name, len(r.devices), len({d.physical for d in r.devices}), r.sharing.value)
@@ -160,7 +149,7 @@ def _planned(
         if r.devices
     )
     mig = tuple(text for action in node.actions for text in action.lines())
-    errors = tuple(line(p, config_name) for p in node.problems)
+    errors = tuple(str(loaded.place(p)) for p in node.problems)
     return NodeResult(
         name,
         NodeStatus.ERROR if errors else NodeStatus.PLANNED,
@@ -190,7 +179,6 @@ def fleet_view(
     configs: Mapping[str | None, LoadedConfig],
     *,
     requested_name: str | None = None,
-    problem_line: ProblemLine | None = None,
 ) -> FleetView:
     """Every node of `nodes` planned with the config its label selects (else `requested_name`,
     else `default`, else the only one). Raises NodesDocumentError only when `nodes` is not a
@@ -237,7 +225,6 @@ def fleet_view(
         config_name, loaded = choice
         key = (config_name, shape)
         if key not in planned:
-            line = problem_line or _default_line(loaded)
-            planned[key] = _planned("", config_name, loaded, inventory, line)
+            planned[key] = _planned("", config_name, loaded, inventory)
         results.append(replace(planned[key], name=name))
     return FleetView(tuple(results))

@@ -2,7 +2,8 @@
 
 The config package turns text into configs and finds where a path sits in a text; this module
 reads the files those texts come from, so the core never touches the disk. Errors point at the
-file (and, for plan problems, the line) the admin edits.
+file the admin edits; problems found later, by the plan, are placed by the loaded config
+(`LoadedConfig.place`), from the text it was read from.
 """
 
 from __future__ import annotations
@@ -10,8 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import BinaryIO
 
-from sharing_plugin.config.loader import NamedConfigs, is_stream, parse_config, parse_configs
-from sharing_plugin.config.locate import locate, locate_in_manifest
+from sharing_plugin.config.loader import NamedConfigs, parse_config, parse_configs
 from sharing_plugin.config.yamldoc import MAX_BYTES
 from sharing_plugin.errors import ConfigError, Problem
 
@@ -86,40 +86,3 @@ def load_configs(path: Path) -> NamedConfigs:
             )
         raise ConfigError([_whole_file(path, message)])
     return configs
-
-
-def problem_line(problem: Problem, *, file: str, config_name: str | None) -> str:
-    """A plan problem as `validate` prints config problems: at the entry it is about."""
-    if problem.file is not None:
-        return str(problem)
-    path = Path(file)
-    manifest = path.is_file() and config_name is not None
-    if path.is_dir() and config_name is not None:
-        path = path / config_name
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError):
-        text = ""
-    if path.is_file() and is_stream(text):
-        return _stream_problem_line(problem, text, file=str(path), config_name=config_name)
-    prefix = f"data.{config_name}: " if manifest else ""
-    where = (
-        locate_in_manifest(problem.path, text, config_name)
-        if manifest and config_name is not None
-        else (locate(problem.path, text) if problem.path else None)
-    )
-    at = f"{path}:{where[0]}:{where[1]}: " if where else f"{path}: "
-    inner = f"{problem.path}: " if problem.path else ""
-    return f"{at}{prefix}{inner}{problem.message}"
-
-
-def _stream_problem_line(problem: Problem, text: str, *, file: str, config_name: str | None) -> str:
-    """A plan problem at its entry in a multi-document stream, located as its config's warnings
-    are; at the file alone when the stream no longer reads."""
-    try:
-        loaded = parse_configs(text, file=file).get(config_name)
-    except ConfigError:
-        loaded = None
-    if loaded is None or loaded.origin is None:
-        return f"{file}: {problem}"
-    return loaded.origin.line(problem.path, problem.message)

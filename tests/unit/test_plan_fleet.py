@@ -28,7 +28,6 @@ from sharing_plugin.fleet.view import (
 from sharing_plugin.nvml.discover import discover
 from sharing_plugin.plan.node import plan_node
 from sharing_plugin.sim.nvml.simulated import SimulatedNvml
-from sharing_plugin.sources.files import problem_line
 from sharing_plugin.views.labels import labels
 
 CONFIGMAP = """\
@@ -208,11 +207,7 @@ def test_generated_cluster_every_node_as_expected_and_totals_add_up() -> None:
 def test_error_entries_say_what_is_wrong_at_the_configs_line(tmp_path: Path) -> None:
     named, file = configs(tmp_path)
     document, _ = generated_cluster(len(EXPECTED))
-    view = fleet_view(
-        document,
-        named,
-        problem_line=lambda problem, name: problem_line(problem, file=file, config_name=name),
-    )
+    view = fleet_view(document, named)
     by_pair = dict(zip(EXPECTED, view.nodes, strict=True))
     pinned = by_pair[("t4-small-shared", "pinned")]
     assert pinned.config == "pinned"

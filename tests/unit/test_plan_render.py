@@ -1,11 +1,12 @@
-"""The plan command's renderings and the config-path locator."""
+"""The plan command's renderings, and a plan problem placed at its config entry's line."""
 
 from __future__ import annotations
 
 from plan_factory import gpu, gpu_uuid, node, time_slicing
 
 from sharing_plugin.cli.render import plan_json, plan_table
-from sharing_plugin.config.locate import locate
+from sharing_plugin.config.loader import parse_config, parse_configs
+from sharing_plugin.errors import Problem
 from sharing_plugin.plan import plan
 
 TEXT = """version: v1
@@ -18,11 +19,33 @@ sharing:
 """
 
 
-def test_locate_points_at_the_entry_or_its_closest_written_ancestor() -> None:
-    assert locate("sharing.timeSlicing.resources[0].devices[1]", TEXT) == (6, 22)
-    assert locate("sharing.timeSlicing.resources[0].rename", TEXT) == (5, 9)
-    assert locate("flags.migStrategy", TEXT) is None
-    assert locate("version", "{") is None
+def test_a_problem_is_placed_at_its_entry_or_its_closest_written_ancestor() -> None:
+    loaded = parse_config(TEXT, file="c.yaml")
+
+    def placed(path: str) -> str:
+        return str(loaded.place(Problem(path, "no")))
+
+    assert placed("sharing.timeSlicing.resources[0].devices[1]") == (
+        "c.yaml:6:22: sharing.timeSlicing.resources[0].devices[1]: no"
+    )
+    assert placed("sharing.timeSlicing.resources[0].rename") == (
+        "c.yaml:5:9: sharing.timeSlicing.resources[0].rename: no"
+    )
+    assert placed("flags.migStrategy") == "c.yaml: flags.migStrategy: no"
+    # Already placed: as it is.
+    assert loaded.place(Problem("x", "y", file="other", line=1)) == Problem(
+        "x", "y", file="other", line=1
+    )
+
+
+def test_a_problem_of_a_configmap_key_is_placed_at_the_manifests_line() -> None:
+    indented = "".join(f"    {line}\n" for line in TEXT.splitlines())
+    manifest = f"apiVersion: v1\nkind: ConfigMap\ndata:\n  small: |\n{indented}"
+    loaded = parse_configs(manifest, file="cm.yaml")["small"]
+    problem = Problem("sharing.timeSlicing.resources[0].devices[1]", "no")
+    assert str(loaded.place(problem)) == (
+        "cm.yaml:10:26: data.small: sharing.timeSlicing.resources[0].devices[1]: no"
+    )
 
 
 def test_json_contract_and_table() -> None:
