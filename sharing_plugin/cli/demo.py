@@ -167,30 +167,31 @@ async def _follow(kubelet: KubeletSimulator, daemon: Daemon, say: Print) -> None
     shown = _snapshot(kubelet)
     stopped = asyncio.ensure_future(daemon.wait_stopped())
     waits: list[asyncio.Future[Any]] = [stopped]
-    outcomes = daemon.pipeline.outcomes()
-    try:
-        while not stopped.done():
-            node = asyncio.ensure_future(kubelet.wait_for(_differs(kubelet, shown), timeout=3600))
-            outcome = asyncio.ensure_future(outcomes.next(timeout=3600))
-            waits = [stopped, node, outcome]
-            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
-            rejected = (
-                outcome.done()
-                and not outcome.cancelled()
-                and isinstance(outcome.result(), Rejected)
-            )
-            for pending in (node, outcome):
-                pending.cancel()
-            await asyncio.gather(node, outcome, return_exceptions=True)
-            if rejected and daemon.status.last_error:
-                say(f"config rejected, the last good one keeps serving: {daemon.status.last_error}")
-            if _snapshot(kubelet) != shown:
-                shown = _snapshot(kubelet)
-                say("")
-                for line in _node_view(kubelet):
-                    say(line)
-    finally:
-        outcomes.close()
-        for wait in waits:
-            wait.cancel()
-        await asyncio.gather(*waits, return_exceptions=True)
+    with daemon.pipeline.outcomes() as outcomes:
+        try:
+            while not stopped.done():
+                changed = _differs(kubelet, shown)
+                node = asyncio.ensure_future(kubelet.wait_for(changed, timeout=3600))
+                outcome = asyncio.ensure_future(outcomes.next(timeout=3600))
+                waits = [stopped, node, outcome]
+                await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+                rejected = (
+                    outcome.done()
+                    and not outcome.cancelled()
+                    and isinstance(outcome.result(), Rejected)
+                )
+                for pending in (node, outcome):
+                    pending.cancel()
+                await asyncio.gather(node, outcome, return_exceptions=True)
+                error = daemon.status.last_error
+                if rejected and error:
+                    say(f"config rejected, the last good one keeps serving: {error}")
+                if _snapshot(kubelet) != shown:
+                    shown = _snapshot(kubelet)
+                    say("")
+                    for line in _node_view(kubelet):
+                        say(line)
+        finally:
+            for wait in waits:
+                wait.cancel()
+            await asyncio.gather(*waits, return_exceptions=True)

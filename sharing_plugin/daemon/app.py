@@ -21,21 +21,17 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from sharing_plugin import installed_version
 from sharing_plugin.daemon.mps_gate import MpsGate
 from sharing_plugin.daemon.options import RunOptions
 from sharing_plugin.daemon.outcome import Applied, Served
-from sharing_plugin.daemon.pipeline import NodePipeline, NodeService
-from sharing_plugin.daemon.report import Reports
+from sharing_plugin.daemon.pipeline import PipelineFeatures
+from sharing_plugin.daemon.service import ObservedService
 from sharing_plugin.daemon.supervisor import Supervisor
-from sharing_plugin.daemon.tasks import TaskOwner
 from sharing_plugin.kubelet.podresources import PodResourcesClient
 from sharing_plugin.kubelet.server import AllocateContext
 from sharing_plugin.kubelet.watch import KubeletWatcher
+from sharing_plugin.mig.desired import Holder
 from sharing_plugin.nvml.api import NvmlApi
-from sharing_plugin.observability.http_server import MetricsServer
-from sharing_plugin.observability.metrics import Metrics
-from sharing_plugin.observability.status import StatusBoard
 from sharing_plugin.plan import CONTROL_DEVICE_NODES
 from sharing_plugin.plan.model import Plan
 
@@ -43,7 +39,7 @@ if TYPE_CHECKING:
     from lightkube import AsyncClient
 
 
-class Daemon(NodeService):
+class Daemon(ObservedService):
     """One running device plugin; an async context manager that starts in order and stops
     cleanly."""
 
@@ -56,13 +52,20 @@ class Daemon(NodeService):
     ) -> None:
         """`nvml` is the NVML the entry chose for `options.source.gpus` (the real module or the
         simulator); `kube_client` replaces the credentials found in the environment."""
-        super().__init__()
         self.options = options
-        self.nvml = nvml
-        self.metrics = Metrics(version=installed_version())
-        self.status = StatusBoard()
-        self._tasks = TaskOwner("daemon")
-        self._metrics_server: MetricsServer | None = None
+        super().__init__(
+            options.source,
+            name="daemon",
+            nvml=nvml,
+            kube_client=kube_client,
+            metrics_address=options.metrics_address,
+            features=PipelineFeatures(
+                health_env=options.health_env,
+                mig_held_by=self._held_by,
+                mig_retry_s=options.drain_recheck_s,
+                node_report=options.report,
+            ),
+        )
         self.pod_resources = PodResourcesClient(options.source.kubelet_dir, metrics=self.metrics)
         self.supervisor = Supervisor(
             kubelet_dir=options.source.kubelet_dir,
@@ -75,26 +78,11 @@ class Daemon(NodeService):
         self.mps = MpsGate(
             tasks=self._tasks, status=self.status, metrics=self.metrics, on_change=self._on_mps
         )
-        self.pipeline = NodePipeline(
-            options.source,
-            nvml=nvml,
-            consumer=self,
-            tasks=self._tasks,
-            reports=Reports(status=self.status, metrics=self.metrics),
-            kube_client=kube_client,
-            health_env=options.health_env,
-            mig_held_by=self.pod_resources.held_by,
-            mig_retry_s=options.drain_recheck_s,
-            node_report=options.report,
-        )
 
     # --- lifecycle ---------------------------------------------------------------------------
 
     async def start(self) -> None:
-        if self.options.metrics_address is not None:
-            host, port = self.options.metrics_address
-            self._metrics_server = MetricsServer(host, port, self.metrics, self.status)
-            await self._metrics_server.start()
+        await self.start_metrics_server()
         await self.pipeline.connect()
         await self.pipeline.start()
         watcher = KubeletWatcher(
@@ -110,20 +98,18 @@ class Daemon(NodeService):
         await self._tasks.close()
         await self.supervisor.close()
         await self.pod_resources.close()
-        if self._metrics_server is not None:
-            await self._metrics_server.close()
-            self._metrics_server = None
+        await self.close_metrics_server()
         await self.pipeline.close_client()
 
     # --- the pipeline's consumer ---------------------------------------------------------------
-
-    def check(self, applied: Applied) -> None:
-        """Every plan can be served as device plugin resources."""
 
     async def apply(self, applied: Applied) -> Served:
         self.mps.follow(applied.plan.mps)
         change = await self.supervisor.apply(self.effective(applied), self._context(applied))
         return Served(change.describe(), changed=not change.empty)
+
+    async def _held_by(self) -> dict[str, Holder] | None:
+        return await self.pod_resources.held_by()
 
     async def health_changed(self) -> None:
         await self._serve_again()

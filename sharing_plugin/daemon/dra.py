@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -32,9 +31,8 @@ from sharing_plugin.daemon.dra_pool import PoolKeeper
 from sharing_plugin.daemon.health_monitor import HealthEnv
 from sharing_plugin.daemon.options import SourceOptions
 from sharing_plugin.daemon.outcome import Applied, Served
-from sharing_plugin.daemon.pipeline import NodePipeline, NodeService
-from sharing_plugin.daemon.report import Reports
-from sharing_plugin.daemon.tasks import TaskOwner
+from sharing_plugin.daemon.pipeline import PipelineFeatures
+from sharing_plugin.daemon.service import ObservedService
 from sharing_plugin.dra.cdi import CdiSpecDir
 from sharing_plugin.dra.checkpoint import CHECKPOINT_FILE, Checkpoint
 from sharing_plugin.dra.claims import ApiClaimReader
@@ -44,10 +42,7 @@ from sharing_plugin.dra.server import DraPluginServer, plugin_dir
 from sharing_plugin.dra.slices import SlicePublisher
 from sharing_plugin.errors import KubeApiError, StartupError
 from sharing_plugin.nvml.api import NvmlApi
-from sharing_plugin.observability.http_server import MetricsServer
-from sharing_plugin.observability.metrics import Metrics
-from sharing_plugin.observability.status import StatusBoard
-from sharing_plugin.views.dra import DEFAULT_DRIVER, PublishedDevice, dra_devices
+from sharing_plugin.views.dra import DEFAULT_DRIVER, dra_devices
 
 if TYPE_CHECKING:
     from lightkube import AsyncClient
@@ -70,31 +65,24 @@ class DraOptions:
     publish_backoff_s: tuple[float, float] = (0.2, 10.0)
 
 
-class DraDaemon(NodeService):
+class DraDaemon(ObservedService):
     """One running DRA kubelet plugin; an async context manager that starts in order."""
 
     def __init__(
         self, options: DraOptions, *, nvml: NvmlApi, kube_client: AsyncClient | None = None
     ) -> None:
-        super().__init__()
         self.options = options
-        self.nvml = nvml
-        self.metrics = Metrics()
-        self.status = StatusBoard()
-        self._tasks = TaskOwner("dra")
-        self._metrics_server: MetricsServer | None = None
         self._checked: tuple[Applied, PoolState] | None = None
         self.preparer: ClaimPreparer | None = None
         self.keeper: PoolKeeper | None = None
         self.server: DraPluginServer | None = None
-        self.pipeline = NodePipeline(
+        super().__init__(
             options.source,
+            name="dra",
             nvml=nvml,
-            consumer=self,
-            tasks=self._tasks,
-            reports=Reports(status=self.status, metrics=self.metrics),
             kube_client=kube_client,
-            health_env=options.health_env,
+            metrics_address=options.metrics_address,
+            features=PipelineFeatures(health_env=options.health_env),
         )
 
     # --- lifecycle ---------------------------------------------------------------------------
@@ -104,11 +92,7 @@ class DraDaemon(NodeService):
         node = source.node_name
         if node is None:
             raise StartupError("run-dra needs --node-name (NODE_NAME): the pool is the node's")
-        if self.options.metrics_address is not None:
-            self._metrics_server = MetricsServer(
-                *self.options.metrics_address, self.metrics, self.status
-            )
-            await self._metrics_server.start()
+        await self.start_metrics_server()
         await self.pipeline.connect()
         client = self.pipeline.client
         if client is None:
@@ -155,9 +139,7 @@ class DraDaemon(NodeService):
                     await self.keeper.publisher.clear()
             except (KubeApiError, TimeoutError) as exc:
                 log.warning("removing the ResourceSlices at exit: %s", exc)
-        if self._metrics_server is not None:
-            await self._metrics_server.close()
-            self._metrics_server = None
+        await self.close_metrics_server()
         await self.pipeline.close_client()
 
     # --- the pipeline's consumer ---------------------------------------------------------------
@@ -186,18 +168,3 @@ class DraDaemon(NodeService):
         plan = self.pipeline.healthy_plan(applied)
         devices = {d.name: d for d in dra_devices(plan, applied.inventory)}
         return PoolState(devices=devices, plan=plan, flags=applied.config.flags)
-
-    # --- publishing --------------------------------------------------------------------------
-
-    def pool(self) -> tuple[PublishedDevice, ...]:
-        """What the pool should hold now (see `PoolKeeper.pool`)."""
-        return self.keeper.pool() if self.keeper is not None else ()
-
-    async def wait_published(
-        self,
-        predicate: Callable[[tuple[PublishedDevice, ...]], bool],
-        timeout: float = 5.0,  # noqa: ASYNC109
-    ) -> tuple[PublishedDevice, ...]:
-        """What was published, once it satisfies `predicate` (TimeoutError otherwise)."""
-        assert self.keeper is not None
-        return await self.keeper.wait_published(predicate, timeout)

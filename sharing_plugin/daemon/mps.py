@@ -26,9 +26,8 @@ from typing import TYPE_CHECKING, Any
 from sharing_plugin.daemon.mps_keeper import DaemonKeeper, KeeperTiming
 from sharing_plugin.daemon.options import SourceOptions
 from sharing_plugin.daemon.outcome import Applied, Served
-from sharing_plugin.daemon.pipeline import NodePipeline, NodeService
 from sharing_plugin.daemon.report import Reports
-from sharing_plugin.daemon.tasks import TaskOwner
+from sharing_plugin.daemon.service import NodeService
 from sharing_plugin.kubelet.podresources import PodResourcesClient
 from sharing_plugin.mps import MpsControl
 from sharing_plugin.nvml.api import NvmlApi
@@ -65,24 +64,20 @@ class MpsController(NodeService):
         control: MpsControl,
         kube_client: AsyncClient | None = None,
     ) -> None:
-        super().__init__()
         self.options = options
-        self.nvml = nvml
         self.control = control
-        self._tasks = TaskOwner("mps-control")
         self._keepers: dict[str, _Kept] = {}
         self._wanted: dict[str, MpsDaemon] = {}
         self._lock = asyncio.Lock()
         self._recheck: asyncio.Task[Any] | None = None
         self.pod_resources = PodResourcesClient(options.source.kubelet_dir)
         # Metrics and /status are `run`'s, in the same pod: here the reports are the log.
-        self.pipeline = NodePipeline(
+        super().__init__(
             options.source,
+            name="mps-control",
             nvml=nvml,
-            consumer=self,
-            tasks=self._tasks,
-            reports=Reports(status=None, metrics=None),
             kube_client=kube_client,
+            reports=Reports(status=None, metrics=None),
         )
 
     # --- lifecycle ---------------------------------------------------------------------------
@@ -101,17 +96,11 @@ class MpsController(NodeService):
 
     # --- the pipeline's consumer ---------------------------------------------------------------
 
-    def check(self, applied: Applied) -> None:
-        """Every plan's MPS daemons can be kept (their limits were checked by the plan)."""
-
     async def apply(self, applied: Applied) -> Served:
         async with self._lock:
             self._wanted = {d.resource: d for d in applied.plan.mps}
         await self._reconcile()
         return Served(f"MPS daemons for {', '.join(self._wanted) or 'no resource'}")
-
-    async def health_changed(self) -> None:
-        """GPU health is `run`'s to act on; the daemons are not touched."""
 
     # --- daemons -----------------------------------------------------------------------------
 

@@ -11,8 +11,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass
-from types import TracebackType
-from typing import Self
+from typing import TypeVar
 
 from sharing_plugin.config.loader import LoadedConfig
 from sharing_plugin.config.model import Config
@@ -67,6 +66,7 @@ class Rejected:
 
 
 Outcome = Applied | Rejected
+_O = TypeVar("_O", Applied, Rejected)
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,12 +78,11 @@ class Served:
 
 
 class Outcomes:
-    """The outcomes published after this subscription began, in order (a context manager that
-    unsubscribes on exit). Subscribe before causing the change you wait for."""
+    """The outcomes published while this subscription lasts, in order. Subscribe before
+    causing the change you wait for."""
 
-    def __init__(self, unsubscribe: Callable[[Outcomes], None]) -> None:
+    def __init__(self) -> None:
         self._queue: asyncio.Queue[Outcome] = asyncio.Queue()
-        self._unsubscribe = unsubscribe
 
     def put(self, outcome: Outcome) -> None:
         self._queue.put_nowait(outcome)
@@ -105,25 +104,14 @@ class Outcomes:
             return outcome
 
     async def applied(self, timeout: float = 5.0) -> Applied:  # noqa: ASYNC109
-        outcome = await self.until(lambda o: isinstance(o, Applied), timeout)
-        assert isinstance(outcome, Applied)
-        return outcome
+        """The next `Applied` (rejections on the way are passed over)."""
+        return await self._next_of(Applied, timeout)
 
     async def rejected(self, timeout: float = 5.0) -> Rejected:  # noqa: ASYNC109
-        outcome = await self.until(lambda o: isinstance(o, Rejected), timeout)
-        assert isinstance(outcome, Rejected)
+        """The next `Rejected` (applied configs on the way are passed over)."""
+        return await self._next_of(Rejected, timeout)
+
+    async def _next_of(self, kind: type[_O], timeout: float) -> _O:  # noqa: ASYNC109
+        outcome = await self.until(lambda o: isinstance(o, kind), timeout)
+        assert isinstance(outcome, kind)
         return outcome
-
-    def close(self) -> None:
-        self._unsubscribe(self)
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()

@@ -21,7 +21,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 from sharing_plugin.config.loader import LoadedConfig
@@ -35,7 +36,7 @@ from sharing_plugin.daemon.mig import MigReconciler
 from sharing_plugin.daemon.options import NodeReportOptions, SourceOptions
 from sharing_plugin.daemon.outcome import Applied, Outcome, Outcomes, Rejected, Served
 from sharing_plugin.daemon.report import NodeReport, Reports
-from sharing_plugin.daemon.tasks import Service, TaskOwner
+from sharing_plugin.daemon.tasks import TaskOwner
 from sharing_plugin.errors import PlanError, Problem, SharingPluginError, StartupError
 from sharing_plugin.gpus.inventory import Inventory
 from sharing_plugin.mig.desired import Holder
@@ -59,6 +60,23 @@ HeldBy = Callable[[], Awaitable[Mapping[str, Holder] | None]]
 claims in DRA."""
 
 
+@dataclass(frozen=True, slots=True)
+class PipelineFeatures:
+    """What a command's pipeline does beyond config -> plan: GPU health watching
+    (`health_env`: `run`, `run-dra`), carrying out `partitioning.mig` (`mig_held_by`: which MIG
+    devices are held, retried every `mig_retry_s` while a layout waits), `run`'s Node status
+    and GFD labels (`node_report`)."""
+
+    health_env: HealthEnv | None = None
+    mig_held_by: HeldBy | None = None
+    mig_retry_s: float = 2.0
+    node_report: NodeReportOptions | None = None
+
+
+NO_FEATURES = PipelineFeatures()
+"""Config to plan only (`mps-control`)."""
+
+
 class PlanConsumer(Protocol):
     """What a serving command does with the pipeline's values (called under its lock)."""
 
@@ -74,8 +92,7 @@ class PlanConsumer(Protocol):
 
 class NodePipeline:
     """Follows the config and the node, and hands each outcome to `consumer` (see the module
-    doc). `health_env` turns GPU health watching on; `mig_held_by` turns on carrying out
-    `partitioning.mig`; `node_report` turns on `run`'s Node status and GFD labels."""
+    doc), with the `features` its command has."""
 
     def __init__(
         self,
@@ -86,10 +103,7 @@ class NodePipeline:
         tasks: TaskOwner,
         reports: Reports,
         kube_client: AsyncClient | None = None,
-        health_env: HealthEnv | None = None,
-        mig_held_by: HeldBy | None = None,
-        mig_retry_s: float = 2.0,
-        node_report: NodeReportOptions | None = None,
+        features: PipelineFeatures = NO_FEATURES,
     ) -> None:
         self.options = options
         self.nvml = nvml
@@ -98,10 +112,10 @@ class NodePipeline:
         self._own_client: AsyncClient | None = None  # made here, so closed here
         self._consumer = consumer
         self._tasks = tasks
-        self._health_env = health_env
-        self._node_report = node_report
-        self._mig_held_by = mig_held_by
-        self._mig_retry_s = mig_retry_s
+        self._health_env = features.health_env
+        self._node_report = features.node_report
+        self._mig_held_by = features.mig_held_by
+        self._mig_retry_s = features.mig_retry_s
         self.lock = asyncio.Lock()
         self.source: ConfigFeed | None = None
         self._discovery = GpuDiscovery(
@@ -212,11 +226,15 @@ class NodePipeline:
             return applied.plan
         return applied.plan.with_health(self._health)
 
-    def outcomes(self) -> Outcomes:
-        """Every outcome published from now on (a context manager; see `Outcomes`)."""
-        feed = Outcomes(self._subscribers.remove)
+    @contextlib.contextmanager
+    def outcomes(self) -> Iterator[Outcomes]:
+        """Every outcome published from now on, while the `with` block lasts."""
+        feed = Outcomes()
         self._subscribers.append(feed)
-        return feed
+        try:
+            yield feed
+        finally:
+            self._subscribers.remove(feed)
 
     # --- the node side -------------------------------------------------------------------------
 
@@ -417,24 +435,3 @@ class NodePipeline:
 def _placed(problems: Iterable[Problem], loaded: LoadedConfig | None) -> list[Problem]:
     """Plan problems at the lines of the text the config was read from, like `validate`'s."""
     return [loaded.place(p) if loaded is not None else p for p in problems]
-
-
-class NodeService(Service):
-    """A serving command fed by a `NodePipeline`: SIGTERM and SIGINT stop it, SIGHUP re-reads
-    the config (`run`, `run-dra` and `mps-control` alike)."""
-
-    pipeline: NodePipeline
-
-    def __init__(self) -> None:
-        self._stop = asyncio.Event()
-
-    def request_stop(self) -> None:
-        """Begin a graceful stop (what SIGTERM and SIGINT do)."""
-        self._stop.set()
-
-    def request_reload(self) -> None:
-        """Re-read the config now (what SIGHUP does)."""
-        self.pipeline.request_reload()
-
-    async def wait_stopped(self) -> None:
-        await self._stop.wait()

@@ -16,6 +16,7 @@ from support.dra.kubelet import DraKubeletSimulator, PreparedAnswer
 
 from sharing_plugin.backends import backend_from_spec
 from sharing_plugin.daemon.dra import DraDaemon, DraOptions
+from sharing_plugin.daemon.dra_pool import PoolKeeper
 from sharing_plugin.daemon.options import SourceOptions
 from sharing_plugin.dra.claims import ClaimRef
 from sharing_plugin.views.dra import PublishedDevice, device_class, device_class_name
@@ -34,6 +35,12 @@ class DraRun:
     nvml: Any
 
     @property
+    def keeper(self) -> PoolKeeper:
+        """The daemon's pool keeper (its `wait_published` is how tests wait for a publish)."""
+        assert self.daemon.keeper is not None
+        return self.daemon.keeper
+
+    @property
     def version(self) -> str:
         return self.api.dra_versions[0]
 
@@ -50,7 +57,7 @@ class DraRun:
 
     async def published(self, count: int, timeout: float = 5.0) -> tuple[PublishedDevice, ...]:  # noqa: ASYNC109
         """Once the pool holds `count` devices."""
-        return await self.daemon.wait_published(lambda d: len(d) == count, timeout)
+        return await self.keeper.wait_published(lambda d: len(d) == count, timeout)
 
     def add_class(self, resource: str) -> str:
         document = device_class(resource, DRIVER, api_version=f"resource.k8s.io/{self.version}")
@@ -172,7 +179,7 @@ async def dra_running(
                     run = DraRun(server, kubelet, daemon, config, root, nvml)
                     if wait_registered:
                         await kubelet.wait_plugin(DRIVER)
-                        await daemon.wait_published(lambda d: True)
+                        await run.keeper.wait_published(lambda d: True)
                     yield run
                 if DRIVER in kubelet.plugins:  # the kubelet notices the plugin going away
                     await kubelet.wait_gone(DRIVER)

@@ -132,7 +132,7 @@ async def test_a_plugin_restart_keeps_prepared_claims_and_their_devices(short_di
 async def test_mig_mixed_devices_carry_their_profile(short_dir: Path) -> None:
     config = "version: v1\nflags:\n  migStrategy: mixed\n"
     async with dra_running(short_dir, config, gpus="simulated:a100-mig-mixed") as run:
-        devices = await run.daemon.wait_published(lambda d: len(d) > 0)
+        devices = await run.keeper.wait_published(lambda d: len(d) > 0)
         profiles = {
             str(d.attributes["resource"]["string"]): d.attributes.get("migProfile") for d in devices
         }
@@ -182,7 +182,7 @@ async def test_an_unhealthy_gpu_leaves_the_pool_within_a_second_and_comes_back(
             await monitor.watching.wait()
         sick = next(d.attributes["uuid"]["string"] for d in devices)
         append_fault(node, {"gpu": 0, "xid": 79})
-        left = await run.daemon.wait_published(lambda d: len(d) == 2, timeout=1.0)
+        left = await run.keeper.wait_published(lambda d: len(d) == 2, timeout=1.0)
         assert sick not in {d.attributes["uuid"]["string"] for d in left}
         assert len(run.device_names()) == 2
         await run.published(4, timeout=5.0)
@@ -207,7 +207,7 @@ async def test_a_kubelet_restart_gets_the_slices_back(short_dir: Path) -> None:
             run.api.delete_dra_object("resourceslices", s["metadata"]["name"])
         await run.kubelet.restart()
         await run.kubelet.wait_plugin(DRIVER)
-        await run.daemon.wait_published(lambda d: len(run.device_names()) == 16)
+        await run.keeper.wait_published(lambda d: len(run.device_names()) == 16)
         assert run.slices()[0]["spec"]["pool"]["generation"] == 2
 
 

@@ -1,0 +1,114 @@
+"""What every serving command is: a service fed by the node pipeline, stopped by a signal.
+
+`NodeService` builds the command's `NodePipeline` with itself as the consumer, owns the tasks,
+and turns SIGTERM/SIGINT into a graceful stop and SIGHUP into a re-read of the config.
+`ObservedService` adds what `run` and `run-dra` show an admin: `/status`, the metrics and,
+unless `--metrics-address off`, the HTTP server for both (`mps-control` has none: `run`, in the
+same pod, serves them).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import TYPE_CHECKING
+
+from sharing_plugin.daemon.options import SourceOptions
+from sharing_plugin.daemon.outcome import Applied, Served
+from sharing_plugin.daemon.pipeline import NO_FEATURES, NodePipeline, PipelineFeatures
+from sharing_plugin.daemon.report import Reports
+from sharing_plugin.daemon.tasks import Service, TaskOwner
+from sharing_plugin.nvml.api import NvmlApi
+from sharing_plugin.observability.http_server import MetricsServer
+from sharing_plugin.observability.metrics import Metrics
+from sharing_plugin.observability.status import StatusBoard
+
+if TYPE_CHECKING:
+    from lightkube import AsyncClient
+
+
+class NodeService(Service):
+    """A serving command fed by a `NodePipeline` (it is the pipeline's `PlanConsumer`)."""
+
+    def __init__(
+        self,
+        options: SourceOptions,
+        *,
+        name: str,
+        nvml: NvmlApi,
+        kube_client: AsyncClient | None,
+        reports: Reports,
+        features: PipelineFeatures = NO_FEATURES,
+    ) -> None:
+        self._stop = asyncio.Event()
+        self._tasks = TaskOwner(name)
+        self.nvml = nvml
+        self.pipeline = NodePipeline(
+            options,
+            nvml=nvml,
+            consumer=self,
+            tasks=self._tasks,
+            reports=reports,
+            kube_client=kube_client,
+            features=features,
+        )
+
+    def request_stop(self) -> None:
+        """Begin a graceful stop (what SIGTERM and SIGINT do)."""
+        self._stop.set()
+
+    def request_reload(self) -> None:
+        """Re-read the config now (what SIGHUP does)."""
+        self.pipeline.request_reload()
+
+    async def wait_stopped(self) -> None:
+        await self._stop.wait()
+
+    # --- the pipeline's consumer ---------------------------------------------------------------
+
+    def check(self, applied: Applied) -> None:
+        """Every plan can be served, unless the command says otherwise."""
+
+    async def apply(self, applied: Applied) -> Served:
+        raise NotImplementedError
+
+    async def health_changed(self) -> None:
+        """GPU health is not this command's to act on, unless it says otherwise."""
+
+
+class ObservedService(NodeService):
+    """A `NodeService` with `/status` and metrics, served at `metrics_address` (None: off)."""
+
+    def __init__(
+        self,
+        options: SourceOptions,
+        *,
+        name: str,
+        nvml: NvmlApi,
+        kube_client: AsyncClient | None,
+        metrics_address: tuple[str, int] | None,
+        features: PipelineFeatures = NO_FEATURES,
+    ) -> None:
+        self.metrics = Metrics()
+        self.status = StatusBoard()
+        self._metrics_address = metrics_address
+        self._metrics_server: MetricsServer | None = None
+        super().__init__(
+            options,
+            name=name,
+            nvml=nvml,
+            kube_client=kube_client,
+            reports=Reports(status=self.status, metrics=self.metrics),
+            features=features,
+        )
+
+    async def start_metrics_server(self) -> None:
+        """The HTTP endpoints first, so probes and scrapes answer while the rest starts."""
+        if self._metrics_address is not None:
+            host, port = self._metrics_address
+            self._metrics_server = MetricsServer(host, port, self.metrics, self.status)
+            await self._metrics_server.start()
+
+    async def close_metrics_server(self) -> None:
+        if self._metrics_server is not None:
+            await self._metrics_server.close()
+            self._metrics_server = None
