@@ -320,7 +320,7 @@ async def test_rbac_is_exactly_what_the_daemon_asks_for(
     from_api = install != "no-api"
     assert node.from_api == from_api
     configmaps = {a.verb for a in map(asked, api.requests) if a.resource == "configmaps"}
-    assert configmaps == ({"get", "watch"} if from_api else set())
+    assert configmaps == ({"get", "list", "watch"} if from_api else set())
     assert events[-1]["message"].startswith(
         f"{node.namespace}/{node.name}[default]:" if from_api else str(node.volume.root)
     )

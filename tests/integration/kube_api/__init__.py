@@ -17,8 +17,10 @@ keeps objects the way kube-apiserver does where a client can tell. One module pe
 
 Tests drive it from the side: change objects (`put_node`, `set_node_label`, `put_configmap`, ...),
 end watches cleanly or drop their connections (`close_watches`), answer the next watch with 410
-Gone (`expire_next_watch`), forget history (`compact`), send BOOKMARKs (`send_bookmarks`), stop
-and restart listening (`down`/`up`), and read what the client asked (`requests`).
+Gone (`expire_next_watch`), forget history (`compact`, or a window of `watch_window` changes),
+send BOOKMARKs (`send_bookmarks`), stop and restart listening (`down`/`up`), restart as an API
+server does (`restart`: connections dropped, watch cache empty), and read what the client asked
+(`requests`).
 """
 
 from .permissions import ALL_PERMISSIONS, Permissions, permissions

@@ -33,11 +33,17 @@ class Request:
 class FakeKubeApi(CoreResources, DraResources):
     """An in-process kube-apiserver (see the package docstring).
 
-    `tokens` maps bearer tokens to what they may do; None turns authentication off.
+    `tokens` maps bearer tokens to what they may do; None turns authentication off;
+    `watch_window` is how many changes a watch can resume across (None: all of them).
     """
 
-    def __init__(self, *, tokens: Mapping[str, Permissions] | None = None) -> None:
-        super().__init__()
+    def __init__(
+        self,
+        *,
+        tokens: Mapping[str, Permissions] | None = None,
+        watch_window: int | None = None,
+    ) -> None:
+        super().__init__(watch_window=watch_window)
         self._tokens = dict(tokens) if tokens is not None else None
         self.requests: list[Request] = []
         self.request_seen = asyncio.Event()  # set at every request; clear it to wait again
@@ -92,6 +98,14 @@ class FakeKubeApi(CoreResources, DraResources):
         if self._server is None:
             assert self._port is not None, "up() before the server was ever started"
             self._server = await asyncio.start_server(self._accept, "127.0.0.1", self._port)
+
+    async def restart(self) -> None:
+        """An API server restart on the same storage: every connection drops, the server is
+        away for a moment, and it comes back with a new watch cache that starts at the current
+        resourceVersion (a watch from any older version gets 410 Gone), objects unchanged."""
+        await self.down()
+        self.compact()
+        await self.up()
 
     def kubeconfig(
         self, path: Path, *, token: str | None = None, namespace: str = "default"

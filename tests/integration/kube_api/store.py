@@ -3,7 +3,10 @@
 One global resourceVersion counter, bumped by every write that changes something (a write that
 changes nothing leaves the object and its resourceVersion alone, as the real server does);
 every object has uid, resourceVersion and creationTimestamp. Each change is kept in the history
-that watches resume from, and handed to every open watch that sees it.
+that watches resume from, and handed to every open watch that sees it. The history is a window,
+as the watch cache's is: `watch_window` changes at most (all by default), none from before a
+compaction or a restart; a watch from a version older than the window gets 410 Gone, as
+kube-apiserver answers `too old resource version: X (Y)`.
 """
 
 from __future__ import annotations
@@ -92,12 +95,16 @@ class ObjectStore:
     """Storage, history and the open watches of the fake API server, and the test's controls
     over its watches."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, watch_window: int | None = None) -> None:
         self._rv = 100
         self._compacted = self._rv  # a watch may resume from this resourceVersion or later
+        # How many changes the history holds (None: all), as the watch cache holds a window of
+        # recent events: a watch from a version that fell out of it gets 410 Gone.
+        self._window = watch_window
         self._objects: dict[tuple[str, str, str], dict[str, Any]] = {}
         self._history: list[Change] = []
         self._watches: set[Watch] = set()
+        self.watches_opened = 0  # watches registered so far (a 410 answer registers none)
         self._watch_changed = asyncio.Event()
         self._expire_next = False
 
@@ -114,6 +121,13 @@ class ObjectStore:
                 self._watch_changed.clear()
                 await self._watch_changed.wait()
 
+    async def wait_opened(self, total: int, timeout: float = 5) -> None:  # noqa: ASYNC109
+        """Wait until `total` watches were opened since the start (TimeoutError otherwise)."""
+        async with asyncio.timeout(timeout):
+            while self.watches_opened < total:
+                self._watch_changed.clear()
+                await self._watch_changed.wait()
+
     def close_watches(self, *, clean: bool = True) -> None:
         """clean: end every open watch stream as a server-side timeout does (terminating chunk);
         clean=False: drop each watch's TCP connection mid-stream."""
@@ -125,7 +139,9 @@ class ObjectStore:
         self._expire_next = True
 
     def compact(self) -> None:
-        """Forget history: a watch from an older resourceVersion now gets 410 Gone."""
+        """Forget history: a watch from an older resourceVersion now gets 410 Gone (what etcd's
+        compaction does, and what a restarted API server's new watch cache knows: nothing
+        before the version it started at)."""
         self._history.clear()
         self._compacted = self._rv
 
@@ -194,6 +210,9 @@ class ObjectStore:
 
     def _publish(self, change: Change) -> None:
         self._history.append(change)
+        if self._window is not None and len(self._history) > self._window:
+            dropped = self._history.pop(0)
+            self._compacted = dropped.rv  # every change after it is still held
         for watch in self._watches:
             event = watch.event_for(change)
             if event is not None:

@@ -60,6 +60,7 @@ class WatchStreams(ObjectStore):
                 if change.rv > since and (event := watch.event_for(change)) is not None:
                     watch.push(event)
         self._watches.add(watch)
+        self.watches_opened += 1
         self._watch_changed.set()
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout if timeout > 0 else None
