@@ -12,6 +12,7 @@ needed. Skipped where ../shared/tools or kubectl is absent.
 from __future__ import annotations
 
 import asyncio
+import json
 import shutil
 from pathlib import Path
 from typing import Any
@@ -49,6 +50,34 @@ DEPLOY_DRA = Path(__file__).resolve().parents[2] / "deploy" / "dra"
 DRIVER = "gpu.sharing-plugin.io"
 
 
+def test_deploy_dra_applies_and_its_cel_selectors_compile(real_api: realapi.RealApi) -> None:
+    docs = render(DEPLOY_DRA)
+    # The whole of deploy/dra as the server would take it: RBAC, the DaemonSet, the DeviceClasses
+    # (resource.k8s.io/v1beta1) with their CEL selectors compiled.
+    said = applied(real_api, docs, dry_run=True)
+    assert said.count("serverside-applied (server dry run)") == len(docs), said
+    # The same DeviceClasses as resource.k8s.io/v1, as their comment says they work on 1.34+.
+    classes = [
+        {**d, "apiVersion": "resource.k8s.io/v1"} for d in docs if d["kind"] == "DeviceClass"
+    ]
+    assert classes
+    said = applied(real_api, classes, dry_run=True)
+    assert said.count("serverside-applied (server dry run)") == len(classes), said
+    # The dry run does compile them: an expression that does not compile is refused.
+    broken = {**classes[0], "metadata": {"name": realapi.unique("broken")}}
+    broken["spec"] = {"selectors": [{"cel": {"expression": 'device.driver == "a" &&'}}]}
+    said = real_api.kubectl(
+        "apply",
+        "--server-side",
+        "--dry-run=server",
+        "-f",
+        "-",
+        stdin=json.dumps(broken),
+        check=False,
+    )
+    assert "compilation failed" in said or "Syntax error" in said, said
+
+
 class DraPlugin(PluginProcess):
     """`python -m sharing_plugin run-dra`, configured by its environment alone."""
 
@@ -74,9 +103,6 @@ async def test_run_dra_as_deploy_dra_configures_it_needs_every_rule_and_no_other
     real_api: realapi.RealApi, short_dir: Path, tmp_path: Path
 ) -> None:
     docs = render(DEPLOY_DRA)
-    # The whole of deploy/dra as the server would take it: RBAC, the DaemonSet, the DeviceClasses
-    # with their CEL selectors compiled.
-    assert "serverside-applied (server dry run)" in applied(real_api, docs, dry_run=True)
     (configmap,) = [d for d in docs if d["kind"] == "ConfigMap"]
     namespace, name = configmap["metadata"]["namespace"], configmap["metadata"]["name"]
     node = realapi.unique("node")
