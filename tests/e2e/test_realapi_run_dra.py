@@ -52,30 +52,29 @@ DRIVER = "gpu.sharing-plugin.io"
 
 def test_deploy_dra_applies_and_its_cel_selectors_compile(real_api: realapi.RealApi) -> None:
     docs = render(DEPLOY_DRA)
-    # The whole of deploy/dra as the server would take it: RBAC, the DaemonSet, the DeviceClasses
-    # (resource.k8s.io/v1beta1) with their CEL selectors compiled.
-    said = applied(real_api, docs, dry_run=True)
-    assert said.count("serverside-applied (server dry run)") == len(docs), said
-    # The same DeviceClasses as resource.k8s.io/v1, as their comment says they work on 1.34+.
+    # The whole of deploy/dra as the server would take it (RBAC, the DaemonSet, the DeviceClasses
+    # in resource.k8s.io/v1beta1 with their CEL selectors compiled); the same DeviceClasses as
+    # resource.k8s.io/v1, as their comment says they work on 1.34+; and, to show that the dry run
+    # does compile them, one whose expression does not compile. One kubectl call for all.
     classes = [
         {**d, "apiVersion": "resource.k8s.io/v1"} for d in docs if d["kind"] == "DeviceClass"
     ]
     assert classes
-    said = applied(real_api, classes, dry_run=True)
-    assert said.count("serverside-applied (server dry run)") == len(classes), said
-    # The dry run does compile them: an expression that does not compile is refused.
     broken = {**classes[0], "metadata": {"name": realapi.unique("broken")}}
     broken["spec"] = {"selectors": [{"cel": {"expression": 'device.driver == "a" &&'}}]}
+    items = [*docs, *classes, broken]
     said = real_api.kubectl(
         "apply",
         "--server-side",
         "--dry-run=server",
         "-f",
         "-",
-        stdin=json.dumps(broken),
+        stdin=json.dumps({"apiVersion": "v1", "kind": "List", "items": items}),
         check=False,
     )
-    assert "compilation failed" in said or "Syntax error" in said, said
+    assert said.count("serverside-applied (server dry run)") == len(docs) + len(classes), said
+    refused = [line for line in said.splitlines() if broken["metadata"]["name"] in line]
+    assert refused and "compilation failed" in refused[0], said
 
 
 class DraPlugin(PluginProcess):

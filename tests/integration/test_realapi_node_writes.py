@@ -121,7 +121,7 @@ async def test_no_label_annotation_or_event_the_plugin_writes_is_refused(
                 for labels in sets.values():
                     reporter.labels(labels)
                 for state in ("pending", "failed", "success"):
-                    reporter.state(state, "default@0123456789abcdef")  # type: ignore[arg-type]
+                    reporter.state(state, "default@0123456789abcdef")
                 for reason in REASONS:
                     reporter.event(reason, f"{reason}: what happened on {node}", warning=True)
                 reporter.event("ConfigApplied", f"ConfigApplied: what happened on {node}")
