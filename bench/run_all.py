@@ -51,7 +51,10 @@ class Benchmark:
 BENCHMARKS = (
     Benchmark("bench_plan.py", (), 60),
     Benchmark("bench_allocate.py", ("--rounds", "1000"), 60),
-    Benchmark("bench_reload.py", ("--rounds", "50", "--idle-s", "2"), 60),
+    # 50 edits on a real kube-apiserver too (~4 s to start it): the API goal's figure.
+    Benchmark(
+        "bench_reload.py", ("--rounds", "50", "--idle-s", "2", "--real-api-rounds", "50"), 90
+    ),
     Benchmark("bench_fleet.py", (), 60),
     # 60 s idle window, as issue 17 measures it; ~100 s in all on 2 cores.
     Benchmark("bench_daemon.py", ("--rounds", "50", "--runs", "5", "--idle-s", "60"), 240),

@@ -8,23 +8,29 @@ import inspect
 import os
 import shutil
 import tempfile
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 
 import pytest
+import realapi
 from kustomize_render import SHARED_DIR_ENV
 
 
 def pytest_configure(config: pytest.Config) -> None:
     """The directory the test processes of this run share (made before pytest-xdist starts its
-    workers, which inherit the variable)."""
+    workers, which inherit the variable), and in it what the shared real API server needs."""
     if SHARED_DIR_ENV not in os.environ:
         os.environ[SHARED_DIR_ENV] = tempfile.mkdtemp(prefix="sharing-plugin-tests-")
         config.stash[_made_shared_dir] = os.environ[SHARED_DIR_ENV]
+        if realapi.AVAILABLE:
+            realapi.configure(Path(os.environ[SHARED_DIR_ENV]))
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
     made = config.stash.get(_made_shared_dir, None)
     if made is not None:
+        if realapi.AVAILABLE:
+            realapi.unconfigure(Path(made))  # after the workers: nobody uses the server now
         shutil.rmtree(made, ignore_errors=True)
         del os.environ[SHARED_DIR_ENV]
     # Python's last garbage collection at exit walks every object a test process made (~0.7 s
@@ -59,3 +65,23 @@ async def _no_leftover_tasks_in_its_loop() -> AsyncIterator[None]:
             task.cancel()
         names = [t.get_name() for t in left]
         pytest.fail(f"test left {len(left)} asyncio task(s) running: {names}")
+
+
+@pytest.fixture
+def real_api() -> Iterator[realapi.RealApi]:
+    """The run's real kube-apiserver (tests/realapi.py), shared with other tests: use names of
+    your own (`realapi.unique`). Skipped where ../shared/tools is absent."""
+    if not realapi.AVAILABLE:
+        pytest.skip(realapi.SKIP_REASON)
+    with realapi.shared() as api:
+        yield api
+
+
+@pytest.fixture
+def real_api_alone() -> Iterator[realapi.RealApi]:
+    """The run's real kube-apiserver held alone: no other test uses it meanwhile, so this one
+    may restart it (`realapi.restart`)."""
+    if not realapi.AVAILABLE:
+        pytest.skip(realapi.SKIP_REASON)
+    with realapi.exclusive() as api:
+        yield api

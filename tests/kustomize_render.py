@@ -5,7 +5,8 @@ kustomize refuses an overlay inside its base).
 kubectl takes ~0.35 s of CPU per render and many tests read the same render, so each distinct
 one runs once per test run: pytest-xdist's workers share the result through a directory made for
 the run (a lock makes a second worker wait for the first instead of rendering again);
-every caller gets freshly parsed documents to keep or change.
+every caller gets freshly parsed documents to keep or change. `daemonset_env` is the rendered
+DaemonSet's container env as the kubelet hands it over on a node.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import fcntl
 import functools
 import hashlib
 import os
+import re
 import shutil
 import subprocess
 import tempfile
@@ -64,6 +66,25 @@ def _shared_render(root: str, components: tuple[str, ...]) -> str:
         partial.write_text(text)
         partial.rename(done)
         return text
+
+
+def daemonset_env(docs: list[dict[str, Any]], *, node: str) -> dict[str, str]:
+    """The env of the rendered DaemonSet's container as kubelet hands it over on `node`: downward
+    API values filled in, `$(VAR)` expanded from the variables before it."""
+    (daemonset,) = [d for d in docs if d["kind"] == "DaemonSet"]
+    (container,) = daemonset["spec"]["template"]["spec"]["containers"]
+    fields = {"spec.nodeName": node, "metadata.namespace": daemonset["metadata"]["namespace"]}
+    env: dict[str, str] = {}
+    for item in container["env"]:
+        if "valueFrom" in item:
+            env[item["name"]] = fields[item["valueFrom"]["fieldRef"]["fieldPath"]]
+        else:
+            env[item["name"]] = re.sub(
+                r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)",
+                lambda m: env.get(m.group(1), m.group(0)),
+                str(item["value"]),
+            )
+    return env
 
 
 def _render(root: str, components: tuple[str, ...]) -> str:

@@ -1,14 +1,21 @@
-"""Following one Kubernetes object through the API: GET it, then WATCH it, forever.
+"""Following one Kubernetes object through the API: LIST it, then WATCH it, forever.
 
 The plugin follows two objects: its Node (for the config label) and, with `--config-map`, the
 ConfigMap holding its configs. Both need the same watch discipline as client-go's reflector:
 
-- GET first (the state now and its resourceVersion), then WATCH from that version with a field
-  selector on the name, a server-side timeout spread with jitter so a fleet of nodes does not
-  reconnect in lockstep, and a client-side guard a little longer than it (a connection that
-  died without a FIN would otherwise hang the watch for ever).
-- BOOKMARK events only move the resourceVersion; the end of a watch (server timeout) resumes
-  from the last version; `410 Gone` and every failure start again from a fresh GET.
+- LIST the one object (a field selector on its name) for the state now and the list's
+  resourceVersion, then WATCH from that version with the same selector, BOOKMARKs allowed, a
+  server-side timeout spread with jitter so a fleet of nodes does not reconnect in lockstep,
+  and a client-side guard a little longer than it (a connection that died without a FIN would
+  otherwise hang the watch for ever).
+- The resume point is always the newest version seen: the list's, then each event's and each
+  BOOKMARK's (a BOOKMARK carries the server's version past changes this watch does not see).
+  Never the object's own resourceVersion: an object nobody edited for a while is older than
+  the watch cache's window (at once after an API server restart), and a watch from it gets
+  `410 Gone` for ever. The end of a watch (server timeout) resumes from the newest version;
+  `410 Gone` lists again at once (a second one in a row backs off).
+- An object that does not exist is an empty list: reported once, and watched for.
+- `fetch()` is one GET: the state at start-up, before the follower runs.
 - Failures back off (0.2 s doubling to 10 s, with jitter); nothing here raises for API trouble.
   `401`/`403` are logged once per kind as one line that names the missing permission, and
   every trouble is reported through `on_trouble` (None once the object is seen again), so the
@@ -21,13 +28,14 @@ only when a feature needs the API: a node without `--node-name` or `--config-map
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 import random
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn, cast
 
 from sharing_plugin.errors import KubeApiError
 
@@ -40,6 +48,7 @@ SERVICE_ACCOUNT_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 BACKOFF_S = (0.2, 10.0)
 WATCH_TIMEOUT_S = (300, 600)  # server-side timeout of one watch, picked in this range
 _GUARD_S = 30  # client-side: a watch silent for its timeout plus this long is dead
+_CONNECT_S = 10.0  # connecting and sending a watch request (reading its stream has no limit)
 
 
 def client_from_environment(
@@ -162,6 +171,8 @@ class ObjectFollower:
         self._watch_timeout_s = watch_timeout_s
         self._backoff_s = backoff_s
         self._logged: set[int | str] = set()
+        self._missing = False  # the last LIST or event said the object does not exist
+        self._expired = 0  # 410 answers since the last watch that delivered anything
         self.watching = asyncio.Event()  # set while a watch is open
         self._verb = "get"  # what the follower was doing, to name a missing permission
 
@@ -186,17 +197,21 @@ class ObjectFollower:
         delay = self._backoff_s[0]
         while True:
             try:
-                await self._follow()
-                delay = self._backoff_s[0]
-                continue  # the watch's time was up: GET again
+                await self._list_and_watch()
             except Exception as exc:  # refusals, connection refused/reset, bad answers
                 status = await api_status(exc)
-                if status is not None and status[0] == 404:
-                    self._on_object(None)
                 code: int | str = status[0] if status is not None else type(exc).__name__
                 text = trouble_text(self.ref, status, exc, self._verb)
             finally:
                 self.watching.clear()
+            if code == 410:
+                self._expired += 1
+                if self._expired == 1:
+                    # The version to resume from has left the server's window (compaction, a
+                    # restarted API server): the state is read again at once, which is not
+                    # trouble. A second 410 before anything arrived is: it backs off.
+                    log.info("%s; listing again", text)
+                    continue
             self._report(code, text)
             await asyncio.sleep(delay * random.uniform(0.8, 1.2))
             delay = min(delay * 2, self._backoff_s[1])
@@ -212,48 +227,101 @@ class ObjectFollower:
             log.warning("%s; retrying", text)
         self._on_trouble(text)
 
-    async def _follow(self) -> None:
-        from lightkube import ApiError
-
-        self._verb = "get"
-        obj = await self._get()
-        self._seen(obj)
-        version = obj.metadata.resourceVersion
-        timeout = random.randint(*self._watch_timeout_s)
-        watch = self._client.watch(
+    async def _list_and_watch(self) -> NoReturn:
+        """LIST the object, then WATCH from the list's version, resuming each watch the server
+        ends from the newest version seen, until a watch fails (410 Gone included)."""
+        self._verb = "list"
+        listing = self._client.list(
             self.ref.kind,
             namespace=self.ref.namespace,
             fields={"metadata.name": self.ref.name},
-            resource_version=version,
-            server_timeout=timeout,
-        )  # lightkube raises every error of the stream (410 Gone included) to this loop
+        )
+        found = [obj async for obj in listing]
+        version = listing.resourceVersion
+        if found:
+            self._seen(found[0])
+        else:
+            self._absent()
         self._verb = "watch"
-        self.watching.set()
-        # lightkube resumes a watch the server ended from the last resourceVersion by itself;
-        # past the server's timeout plus a margin the whole watch is dropped and the object
-        # read again, which also ends a connection that died without a word.
+        while True:
+            version = await self._watch(version)
+
+    async def _watch(self, version: str) -> str:
+        """One WATCH from `version`; the newest version it saw once the server ended it."""
+        import httpx2
+        from lightkube import ApiError
+        from lightkube.models.meta_v1 import Status
+
+        timeout = random.randint(*self._watch_timeout_s)
+        # lightkube's own watch() cannot ask for BOOKMARKs, and resumes a watch the server
+        # ended by itself; its request builder and HTTP client can, with the resume kept here.
+        api = self._client._client
+        request = api.prepare_request(
+            "list",
+            res=self.ref.kind,
+            namespace=self.ref.namespace,
+            watch=True,
+            params={
+                "fieldSelector": f"metadata.name={self.ref.name}",
+                "resourceVersion": version,
+                "allowWatchBookmarks": "true",
+                "timeoutSeconds": timeout,
+            },
+        )
+        http = api._client
+        sent = http.build_request(
+            request.method,
+            request.url,
+            params=request.params,
+            timeout=httpx2.Timeout(_CONNECT_S, read=None),
+        )
+        # Past the server's timeout plus a margin the watch is dropped and taken up again from
+        # the same version: a connection that died without a word would hang it for ever.
         guard = asyncio.timeout(timeout + _GUARD_S)
         try:
             async with guard:
-                async for kind, event_obj in watch:
-                    if kind == "BOOKMARK":
-                        continue
-                    if kind == "DELETED":
-                        raise ApiError(status=_not_found(self.ref))
-                    self._seen(event_obj)
+                response = await http.send(sent, stream=True)
+                try:
+                    if response.status_code >= 400:
+                        await response.aread()  # the Status, for the message
+                        response.raise_for_status()
+                    self.watching.set()
+                    async for line in response.aiter_lines():
+                        if not line:
+                            continue
+                        event = json.loads(line)
+                        kind, obj = event.get("type"), event.get("object") or {}
+                        if kind == "ERROR":  # 410 Gone arrives so, inside a 200 stream
+                            raise ApiError(status=cast(Status, Status.from_dict(obj)))
+                        self._expired = 0
+                        version = str((obj.get("metadata") or {}).get("resourceVersion") or version)
+                        if kind == "DELETED":
+                            self._absent()
+                        elif kind in ("ADDED", "MODIFIED"):
+                            self._seen(self.ref.kind.from_dict(obj))
+                        # BOOKMARK: only the version moves (past changes this watch does not see)
+                finally:
+                    await response.aclose()
         except TimeoutError:
             if not guard.expired():
                 raise
+        self._expired = 0
+        return version
 
     def _seen(self, obj: Any) -> None:
         if self._logged:
             log.info("%s is readable again", self.ref.describe())
             self._logged.clear()
+        self._missing = False
         self._on_trouble(None)
         self._on_object(obj)
 
-
-def _not_found(ref: ObjectRef) -> Any:
-    from lightkube.models.meta_v1 import Status
-
-    return Status(code=404, message=f"{ref.describe()} was deleted", reason="NotFound")
+    def _absent(self) -> None:
+        """The object does not exist (the LIST has no item, or it was deleted): say so once,
+        and keep watching, which brings it when it is created."""
+        text = f"{self.ref.describe()} does not exist (404)"
+        self._on_object(None)
+        if not self._missing:
+            log.warning("%s; waiting for it to be created", text)
+            self._missing = True
+        self._on_trouble(text)

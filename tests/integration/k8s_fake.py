@@ -1,6 +1,6 @@
 """A ConfigMap volume written as kubelet writes it: real files, real symlinks, real swaps.
 
-(The fake API server is `kube_api.py`.)
+(The fake API server is the `kube_api` package beside it.)
 """
 
 from __future__ import annotations

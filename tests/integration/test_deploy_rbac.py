@@ -27,6 +27,7 @@ import yaml_fast
 from daemon_harness import Running, eventually, flat_options, running
 from k8s_fake import ConfigMapVolume
 from kube_api import FakeKubeApi, Permissions, Request
+from kustomize_render import daemonset_env
 from kustomize_render import render as kustomize_render
 
 from sharing_plugin.cli import run as run_command
@@ -157,22 +158,8 @@ def not_allowed(requests: list[Request], allowed: list[Grant]) -> set[Asked]:
 
 
 def container_env(docs: list[dict[str, Any]]) -> dict[str, str]:
-    """The container's env as kubelet hands it over on NODE: downward API values filled in,
-    `$(VAR)` expanded from the variables before it."""
-    daemonset = the(docs, "DaemonSet")
-    (container,) = daemonset["spec"]["template"]["spec"]["containers"]
-    fields = {"spec.nodeName": NODE, "metadata.namespace": daemonset["metadata"]["namespace"]}
-    env: dict[str, str] = {}
-    for item in container["env"]:
-        if "valueFrom" in item:
-            env[item["name"]] = fields[item["valueFrom"]["fieldRef"]["fieldPath"]]
-        else:
-            env[item["name"]] = re.sub(
-                r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)",
-                lambda m: env.get(m.group(1), m.group(0)),
-                str(item["value"]),
-            )
-    return env
+    """The container's env as kubelet hands it over on NODE."""
+    return daemonset_env(docs, node=NODE)
 
 
 @contextlib.contextmanager
@@ -322,7 +309,7 @@ async def test_rbac_is_exactly_what_the_daemon_asks_for(
     from_api = install != "no-api"
     assert node.from_api == from_api
     configmaps = {a.verb for a in map(asked, api.requests) if a.resource == "configmaps"}
-    assert configmaps == ({"get", "watch"} if from_api else set())
+    assert configmaps == ({"get", "list", "watch"} if from_api else set())
     assert events[-1]["message"].startswith(
         f"{node.namespace}/{node.name}[default]:" if from_api else str(node.volume.root)
     )

@@ -1,4 +1,4 @@
-"""The fake kube-apiserver (tests/integration/kube_api.py), driven through lightkube's AsyncClient
+"""The fake kube-apiserver (tests/integration/kube_api/), driven through lightkube's AsyncClient
 (and raw httpx2 where lightkube cannot ask for something), as the code under test will use it."""
 
 from __future__ import annotations

@@ -110,7 +110,7 @@ async def test_refused_credentials_are_logged_once_and_retried(
         task = asyncio.create_task(watcher.run(lambda _: None))
         try:
             async with asyncio.timeout(5):
-                while sum(1 for r in api.requests if r.path.endswith(NODE)) < 3:
+                while sum(1 for r in api.requests if NODE in r.path + str(r.query)) < 3:
                     api.request_seen.clear()
                     await api.request_seen.wait()
         finally:
@@ -122,7 +122,7 @@ async def test_refused_credentials_are_logged_once_and_retried(
 
 
 async def test_missing_permission_names_it(tmp_path: Path) -> None:
-    tokens = {"t": permissions(("get", "nodes"))}  # no watch
+    tokens = {"t": permissions(("get", "nodes"), ("list", "nodes"))}  # no watch
     async with FakeKubeApi(tokens=tokens) as api, api_client(api, tmp_path, "t") as client:
         api.put_node(NODE, {LABEL: "a"})
         troubles: list[str | None] = []
@@ -137,7 +137,9 @@ async def test_missing_permission_names_it(tmp_path: Path) -> None:
             task.cancel()
             await asyncio.wait([task])
     text = next(t for t in troubles if t and "403" in t)
-    assert "forbidden (403): cannot watch resource 'nodes'" in text
+    # The API server's own words, which name the account and the verb.
+    assert 'forbidden (403): nodes "gpu-node-1" is forbidden: User ' in text
+    assert 'cannot watch resource "nodes"' in text
     assert text.endswith("grant the plugin's service account watch on nodes")
 
 

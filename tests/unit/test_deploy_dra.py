@@ -112,7 +112,7 @@ def test_rbac_is_what_run_dra_uses(rendered: list[dict[str, Any]]) -> None:
         for resource in rule["resources"]
     }
     assert rules == {
-        ("", "nodes"): ["get", "watch"],
+        ("", "nodes"): ["get", "list", "watch"],
         ("resource.k8s.io", "resourceslices"): ["create", "delete", "list", "update"],
         ("resource.k8s.io", "resourceclaims"): ["get"],
     }
@@ -131,6 +131,6 @@ def test_rbac_is_what_run_dra_uses(rendered: list[dict[str, Any]]) -> None:
             "apiGroups": [""],
             "resources": ["configmaps"],
             "resourceNames": ["sharing-plugin-config"],
-            "verbs": ["get", "watch"],
+            "verbs": ["get", "list", "watch"],
         }
     ]

@@ -160,10 +160,10 @@ def test_rbac_grants_exactly_what_the_code_asks_for() -> None:
     assert service_account["metadata"]["name"] == account
     subject = {"kind": "ServiceAccount", "name": account, "namespace": "kube-system"}
     (cluster_role,) = objects("ClusterRole")
-    # GET its Node, WATCH it by field selector (never list), PATCH its labels and annotation;
+    # GET its Node, LIST and WATCH it by field selector, PATCH its labels and annotation;
     # create Events in `default` and patch them to bump a repeat's count.
     assert cluster_role["rules"] == [
-        {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "watch", "patch"]},
+        {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch", "patch"]},
         {"apiGroups": [""], "resources": ["events"], "verbs": ["create", "patch"]},
     ]
     (cluster_binding,) = objects("ClusterRoleBinding")
@@ -171,14 +171,14 @@ def test_rbac_grants_exactly_what_the_code_asks_for() -> None:
     assert cluster_binding["subjects"] == [subject]
     (role,) = objects("Role")
     (configmap,) = objects("ConfigMap")
-    # Only the one ConfigMap, only in its namespace, only get and watch.
+    # Only the one ConfigMap, only in its namespace, only get, list and watch.
     assert role["metadata"]["namespace"] == configmap["metadata"]["namespace"]
     assert role["rules"] == [
         {
             "apiGroups": [""],
             "resources": ["configmaps"],
             "resourceNames": [configmap["metadata"]["name"]],
-            "verbs": ["get", "watch"],
+            "verbs": ["get", "list", "watch"],
         }
     ]
     (binding,) = objects("RoleBinding")

@@ -1,0 +1,317 @@
+"""A real kube-apiserver with embedded etcd (`../shared/tools/realapi.gz`, Kubernetes 1.36; its
+README there), started once per test run and shared by every test process of it.
+
+The server takes ~3 s and ~2 s of CPU to start, so the first test that needs it starts it and
+the others use it: pytest-xdist's workers share it through the run's shared directory (made by
+tests/conftest.py), where a lock makes a second worker wait for the first, and the ready line
+is kept for the others to read. It runs detached from the process that started it (whichever
+worker restarts it, or the run's main process stopping it at the end, need not be its parent),
+with stdin on a FIFO that only the run's main process holds open for writing: the server stops
+on stdin EOF, so it cannot outlive the run even when the run is killed.
+
+Tests share one server, so each uses its own namespaces and node names (`unique`). A test may
+restart the server (same data, same port) only while it holds it alone (`exclusive`), which
+waits for the tests using it (`shared`) to finish and keeps new ones waiting.
+
+The server writes an audit log of every request made with a ServiceAccount token (level
+Metadata: user, verb, resource, namespace, name, the request URI, the response code and the
+authorizer's decision), so a test can see what the real RBAC authorizer decided.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import gzip
+import json
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+ARCHIVE = ROOT.parent / "shared" / "tools" / "realapi.gz"
+AVAILABLE = ARCHIVE.is_file()
+SKIP_REASON = "../shared/tools/realapi.gz is absent (only CI has it)"
+# The directory every test process of one run shares (the same variable kustomize_render reads).
+SHARED_DIR_ENV = "SHARING_PLUGIN_TEST_SHARED_DIR"
+START_TIMEOUT_S = 60.0
+
+_AUDIT_POLICY = """\
+apiVersion: audit.k8s.io/v1
+kind: Policy
+omitStages: ["RequestReceived"]
+rules:
+  - level: Metadata
+    userGroups: ["system:serviceaccounts"]
+  - level: None
+"""
+
+
+@dataclass(frozen=True)
+class RealApi:
+    """A running server, as its ready line describes it."""
+
+    url: str
+    kubeconfig: Path  # the admin's (a token in system:masters)
+    ca: Path
+    token: str
+    pid: int
+    home: Path  # where the binary, its data (`state/`) and its logs live
+
+    @property
+    def port(self) -> int:
+        return int(self.url.rpartition(":")[2])
+
+    @property
+    def audit_log(self) -> Path:
+        return self.home / "audit.log"
+
+    def kubectl(self, *args: str, stdin: str | None = None, check: bool = True) -> str:
+        """`kubectl --kubeconfig ADMIN ARGS...`; its stdout (AssertionError with stderr when it
+        fails and `check`)."""
+        done = subprocess.run(
+            ["kubectl", "--kubeconfig", str(self.kubeconfig), *args],
+            input=stdin,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        if check:
+            assert done.returncode == 0, f"kubectl {' '.join(args)}: {done.stderr}"
+        return done.stdout + (done.stderr if not check else "")
+
+    def token_kubeconfig(self, path: Path, token: str, *, namespace: str = "default") -> Path:
+        """A kubeconfig for this server with a bearer token (a ServiceAccount's)."""
+        path.write_text(
+            json.dumps(
+                {
+                    "apiVersion": "v1",
+                    "kind": "Config",
+                    "clusters": [
+                        {
+                            "name": "realapi",
+                            "cluster": {"server": self.url, "certificate-authority": str(self.ca)},
+                        }
+                    ],
+                    "users": [{"name": "user", "user": {"token": token}}],
+                    "contexts": [
+                        {
+                            "name": "realapi",
+                            "context": {
+                                "cluster": "realapi",
+                                "user": "user",
+                                "namespace": namespace,
+                            },
+                        }
+                    ],
+                    "current-context": "realapi",
+                }
+            )
+        )
+        return path
+
+    def audit(self, user: str) -> list[dict[str, Any]]:
+        """The audit events of `user` so far (a line being written is left out)."""
+        events = []
+        with contextlib.suppress(FileNotFoundError):
+            for line in self.audit_log.read_text().splitlines():
+                with contextlib.suppress(ValueError):
+                    event = json.loads(line)
+                    if event.get("user", {}).get("username") == user:
+                        events.append(event)
+        return events
+
+
+def unique(prefix: str) -> str:
+    """A name no other test uses (namespaces, nodes): the server is shared."""
+    return f"{prefix}-{uuid.uuid4().hex[:8]}"
+
+
+# --- the run's main process ------------------------------------------------------------------
+
+_held_stdin: list[int] = []
+
+
+def configure(shared: Path) -> None:
+    """In the run's main process, before the workers start: the FIFO the server reads as stdin,
+    held open here (the server stops when the run ends, whatever way it ends)."""
+    home = shared / "realapi"
+    home.mkdir()
+    os.mkfifo(home / "stdin")
+    _held_stdin.append(os.open(home / "stdin", os.O_RDWR | os.O_NONBLOCK))
+
+
+def unconfigure(shared: Path) -> None:
+    """In the run's main process, after the workers ended: stop the server if one started."""
+    home = shared / "realapi"
+    with contextlib.suppress(FileNotFoundError):
+        _stop(json.loads((home / "ready.json").read_text())["pid"])
+    while _held_stdin:
+        os.close(_held_stdin.pop())
+
+
+# --- the tests' side -------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def shared() -> Iterator[RealApi]:
+    """The run's server (started now if it is not yet), used beside other tests."""
+    home = _home()
+    with _lock(home / "use.lock", fcntl.LOCK_SH):
+        yield _started(home)
+
+
+@contextlib.contextmanager
+def exclusive() -> Iterator[RealApi]:
+    """The run's server, once no other test uses it, and none may until this one is done."""
+    home = _home()
+    with _lock(home / "use.lock", fcntl.LOCK_EX):
+        yield _started(home)
+
+
+@contextlib.contextmanager
+def held(name: str) -> Iterator[None]:
+    """A lock of the run's server, by name: for objects whose names tests cannot choose."""
+    with _lock(_home() / f"{name}.lock", fcntl.LOCK_EX):
+        yield
+
+
+def restart(api: RealApi) -> RealApi:
+    """Stop the server and start it again on the same data and port (hold it `exclusive`)."""
+    home = api.home
+    with _lock(home / "start.lock", fcntl.LOCK_EX):
+        _stop(api.pid)
+        (home / "ready.json").unlink()
+        return _start(home, port=api.port)
+
+
+@contextlib.contextmanager
+def private(home: Path) -> Iterator[RealApi]:
+    """A server of its own in `home` (for a benchmark, outside a test run), stopped on exit."""
+    home.mkdir(parents=True, exist_ok=True)
+    os.mkfifo(home / "stdin")
+    held = os.open(home / "stdin", os.O_RDWR | os.O_NONBLOCK)
+    try:
+        api = _start(home, port=0)
+        try:
+            yield api
+        finally:
+            _stop(api.pid)
+    finally:
+        os.close(held)
+
+
+def _home() -> Path:
+    shared_dir = os.environ.get(SHARED_DIR_ENV)
+    if shared_dir is None:  # a test run without the suite's conftest
+        raise RuntimeError(f"{SHARED_DIR_ENV} is not set: run the tests through pytest")
+    return Path(shared_dir) / "realapi"
+
+
+@contextlib.contextmanager
+def _lock(path: Path, how: int) -> Iterator[None]:
+    with open(path, "a") as handle:
+        fcntl.flock(handle, how)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _started(home: Path) -> RealApi:
+    with _lock(home / "start.lock", fcntl.LOCK_EX):
+        ready = home / "ready.json"
+        if ready.exists():
+            return _api(json.loads(ready.read_text()), home)
+        return _start(home, port=0)
+
+
+def _start(home: Path, *, port: int) -> RealApi:
+    binary = home / "realapi"
+    if not binary.exists():
+        partial = home / "realapi.partial"
+        with gzip.open(ARCHIVE) as packed, partial.open("wb") as out:
+            shutil.copyfileobj(packed, out)
+        partial.chmod(0o755)
+        partial.rename(binary)
+    policy = home / "audit-policy.yaml"
+    policy.write_text(_AUDIT_POLICY)
+    out = Path(tempfile.mkstemp(prefix="out-", suffix=".log", dir=home)[1])
+    command = [
+        str(binary),
+        "-dir",
+        str(home / "state"),
+        "-port",
+        str(port),
+        "-log",
+        str(home / "realapi.log"),
+        "--",
+        f"--audit-policy-file={policy}",
+        f"--audit-log-path={home / 'audit.log'}",
+        "--audit-log-format=json",
+        # At a stop, open watches are ended by the server (as at a control-plane upgrade)
+        # instead of holding the stop until the harness gives up on them (20 s).
+        "--shutdown-watch-termination-grace-period=2s",
+    ]
+    # Through a shell that exits at once: the server is nobody's child in the run, so any
+    # process of it can stop it and see it gone.
+    subprocess.run(
+        ["sh", "-c", 'exec "$@" <"$STDIN" >"$OUT" 2>&1 &', "sh", *command],
+        env={**os.environ, "STDIN": str(home / "stdin"), "OUT": str(out)},
+        check=True,
+        timeout=10,
+    )
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while time.monotonic() < deadline:  # an outside process: its output file is all there is
+        for line in out.read_text().splitlines():
+            with contextlib.suppress(ValueError):
+                event = json.loads(line)
+                if event.get("event") == "ready":
+                    (home / "ready.partial").write_text(line)
+                    (home / "ready.partial").rename(home / "ready.json")
+                    return _api(event, home)
+                if event.get("ok") is False:
+                    raise RuntimeError(f"realapi did not start: {line}")
+        time.sleep(0.02)
+    raise RuntimeError(f"realapi not ready within {START_TIMEOUT_S:g} s: {out.read_text()[-2000:]}")
+
+
+def _api(ready: dict[str, Any], home: Path) -> RealApi:
+    return RealApi(
+        url=ready["url"],
+        kubeconfig=Path(ready["kubeconfig"]),
+        ca=Path(ready["ca"]),
+        token=ready["token"],
+        pid=int(ready["pid"]),
+        home=home,
+    )
+
+
+def _stop(pid: int) -> None:
+    """SIGTERM, then wait until the process is gone (or a zombie its new parent has not reaped
+    yet); SIGKILL past 10 s."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, sig)
+        deadline = time.monotonic() + 10.0
+        while _alive(pid) and time.monotonic() < deadline:  # not our child: nothing to wait on
+            time.sleep(0.01)
+        if not _alive(pid):
+            return
+    raise RuntimeError(f"realapi (pid {pid}) did not stop")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return stat.rpartition(")")[2].split()[0] != "Z"
