@@ -101,7 +101,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
 
 def _plan_node(args: argparse.Namespace) -> int:
     from sharing_plugin.backends import backend_from_spec, names_node_file
-    from sharing_plugin.views.dra import is_dns_subdomain
+    from sharing_plugin.views.dra_api import is_dns_subdomain
 
     if args.format == "dra" and not is_dns_subdomain(args.node_name):
         print(

@@ -133,6 +133,14 @@ class EventType(StrEnum):
     SINGLE_BIT_ECC_ERROR = "EventTypeSingleBitEccError"
 
 
+class SharedDevices(StrEnum):
+    """How `run-dra` publishes a shared GPU: one device whose memory claims consume
+    (`capacity`, Kubernetes 1.34+ with consumable capacity), or one device per replica."""
+
+    CAPACITY = "capacity"
+    REPLICAS = "replicas"
+
+
 class SharingKind(StrEnum):
     """How a resource's devices are shared: not at all, by time-slicing, or through MPS."""
 

@@ -43,6 +43,7 @@ from sharing_plugin.config.base import (
     EventType,
     MigStrategy,
     ResourceName,
+    SharedDevices,
     SharingKind,
     Strict,
     strict_str,
@@ -71,6 +72,7 @@ __all__ = [
     "DeviceListStrategy",
     "DeviceRef",
     "DeviceSelection",
+    "Dra",
     "EventType",
     "Flags",
     "GfdFlags",
@@ -89,6 +91,7 @@ __all__ = [
     "ReplicatedResource",
     "ResourcePattern",
     "Resources",
+    "SharedDevices",
     "Sharing",
     "SharingKind",
     "SharingSection",
@@ -246,6 +249,10 @@ class MigLayout(Strict):
         Annotated[StrictInt, Field(ge=1, le=7)],
     ] = Field(default_factory=dict)
     """MIG profile -> how many instances of it (e.g. {1g.10gb: 2, 2g.20gb: 1})."""
+    dynamic: StrictBool = False
+    """`run-dra` only: every MIG placement of these GPUs is published as a partitionable
+    device, and the instance a claim is allocated is created when it is prepared (no
+    `profiles`); `run` refuses such an entry."""
 
 
 class Partitioning(Strict):
@@ -253,6 +260,14 @@ class Partitioning(Strict):
 
     mig: tuple[MigLayout, ...] = ()
     """MIG layouts; entries must select disjoint GPUs."""
+
+
+class Dra(Strict):
+    """`run-dra` only (Dynamic Resource Allocation); the device plugin (`run`) ignores it."""
+
+    shared_devices: SharedDevices = SharedDevices.CAPACITY
+    """A time-slicing or MPS GPU as one device whose memory claims consume (capacity: a claim
+    that asks nothing takes one replica's share), or as one device per replica (replicas)."""
 
 
 class Config(Strict):
@@ -273,3 +288,5 @@ class Config(Strict):
     """Declared MIG layouts; absent: the plugin never changes MIG."""
     imex: Imex | None = None
     """IMEX channels: accepted for compatibility; has no effect here."""
+    dra: Dra = Dra()
+    """How `run-dra` publishes the devices (Dynamic Resource Allocation); `run` ignores it."""

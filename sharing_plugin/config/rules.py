@@ -81,6 +81,14 @@ def _one_mode(sharing: SharingSection) -> Iterator[Issue]:
 def _profiles_need_mig(layout: MigLayout) -> Iterator[Issue]:
     if not layout.enabled and layout.profiles:
         yield Issue(("profiles",), "profiles need MIG: remove them or set enabled: true")
+    if layout.dynamic and not layout.enabled:
+        yield Issue(("dynamic",), "dynamic MIG needs MIG: remove dynamic or set enabled: true")
+    elif layout.dynamic and layout.profiles:
+        yield Issue(
+            ("profiles",),
+            "a dynamic entry has no profiles: run-dra creates the instance each claim is "
+            "allocated; remove profiles, or dynamic to declare a fixed layout",
+        )
 
 
 def _health(health: Health) -> Iterator[Issue]:

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from sharing_plugin.config.base import SharedDevices
 from sharing_plugin.daemon.dra_pool import PoolKeeper
 from sharing_plugin.daemon.health_monitor import HealthEnv
 from sharing_plugin.daemon.options import SourceOptions
@@ -42,7 +43,8 @@ from sharing_plugin.dra.server import DraPluginServer, plugin_dir
 from sharing_plugin.dra.slices import SlicePublisher
 from sharing_plugin.errors import KubeApiError, StartupError
 from sharing_plugin.nvml.api import NvmlApi
-from sharing_plugin.views.dra import DEFAULT_DRIVER, dra_devices
+from sharing_plugin.views.dra import dra_devices
+from sharing_plugin.views.dra_api import DEFAULT_DRIVER, V1
 
 if TYPE_CHECKING:
     from lightkube import AsyncClient
@@ -73,6 +75,7 @@ class DraDaemon(ObservedService):
     ) -> None:
         self.options = options
         self._checked: tuple[Applied, PoolState] | None = None
+        self._capacity = False
         self.preparer: ClaimPreparer | None = None
         self.keeper: PoolKeeper | None = None
         self.server: DraPluginServer | None = None
@@ -102,6 +105,9 @@ class DraDaemon(ObservedService):
         except KubeApiError as exc:
             raise StartupError(str(exc)) from exc
         log.info("DRA driver %s on node %s speaks %s", driver, node, version)
+        # Consumable capacity is resource.k8s.io/v1's (Kubernetes 1.34+); an older server is
+        # given one device per replica whatever the config asks.
+        self._capacity = version == V1
         self.preparer = ClaimPreparer(
             driver=driver,
             pool=node,
@@ -166,5 +172,6 @@ class DraDaemon(ObservedService):
 
     def _pool_state(self, applied: Applied) -> PoolState:
         plan = self.pipeline.healthy_plan(applied)
-        devices = {d.name: d for d in dra_devices(plan, applied.inventory)}
+        shared = applied.config.dra.shared_devices if self._capacity else SharedDevices.REPLICAS
+        devices = {d.name: d for d in dra_devices(plan, applied.inventory, shared=shared)}
         return PoolState(devices=devices, plan=plan, flags=applied.config.flags)

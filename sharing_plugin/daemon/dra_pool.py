@@ -19,7 +19,8 @@ from sharing_plugin.dra.prepare import PoolState
 from sharing_plugin.dra.slices import SlicePublisher
 from sharing_plugin.errors import KubeApiError
 from sharing_plugin.observability.status import StatusBoard
-from sharing_plugin.views.dra import PublishedDevice, pool_devices
+from sharing_plugin.views.dra import pool_devices
+from sharing_plugin.views.dra_api import PublishedDevice
 
 log = logging.getLogger(__name__)
 

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from sharing_plugin.dra.claims import ClaimRef
-from sharing_plugin.views.dra import PublishedDevice
+from sharing_plugin.views.dra_api import PublishedDevice
 
 log = logging.getLogger(__name__)
 

@@ -27,7 +27,8 @@ from sharing_plugin.dra.claims import ClaimReader, ClaimRef
 from sharing_plugin.errors import AllocationError, KubeApiError
 from sharing_plugin.plan.model import Plan
 from sharing_plugin.views.cdi import cdi_id, claim_spec, spec_file_name
-from sharing_plugin.views.dra import DraDevice, PublishedDevice
+from sharing_plugin.views.dra import DraDevice
+from sharing_plugin.views.dra_api import PublishedDevice
 
 log = logging.getLogger(__name__)
 

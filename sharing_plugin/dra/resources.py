@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from sharing_plugin.errors import KubeApiError
-from sharing_plugin.views.dra import API_VERSIONS, RESOURCE_GROUP
+from sharing_plugin.views.dra_api import API_VERSIONS, RESOURCE_GROUP
 
 if TYPE_CHECKING:
     from lightkube import AsyncClient

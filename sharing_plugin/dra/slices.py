@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from sharing_plugin.dra.resources import api_error, generic, resource_class, status_of
-from sharing_plugin.views.dra import PublishedDevice, resource_slices
+from sharing_plugin.views.dra_api import PublishedDevice, resource_slices
 
 if TYPE_CHECKING:
     from lightkube import AsyncClient

@@ -1,9 +1,19 @@
-"""The plan as Dynamic Resource Allocation sees it: devices, ResourceSlices and DeviceClasses.
+"""The plan as Dynamic Resource Allocation sees it: the node's devices, and what its pool holds.
 
-Every advertised virtual device of every resource becomes one DRA device in the node's pool,
-exactly as the plan partitions the GPUs: a GPU in a shared resource appears only as its
-replicas, never also whole. What a device is travels as attributes the scheduler's CEL
-selectors read (docs/contract.md, "DRA mode"):
+Every advertised device of every resource becomes a DRA device in the node's pool, as the plan
+partitions the GPUs: a GPU in a shared resource never appears also whole. How a shared GPU (or
+MIG device) appears is the config's `dra.sharedDevices`:
+
+- `capacity` (the default, Kubernetes 1.34+): one device with `allowMultipleAllocations` whose
+  `memory` claims consume. Its request policy keeps the ConfigMap's meaning: a claim that asks
+  nothing takes one replica's share (the device's memory / its replicas, or `memoryPerReplica`
+  for MPS), a claim may ask more, rounded up to whole shares, and at most `replicas` claims
+  asking nothing fit.
+- `replicas`: one device per replica, each with the whole device's `memory` as a plain
+  capacity (Kubernetes 1.32-1.33, or servers that do not keep the capacity fields).
+
+What a device is travels as attributes the scheduler's CEL selectors read (docs/contract.md,
+"DRA mode"):
 
     resource     string  the config's resource name, e.g. nvidia.com/gpu.shared
     uuid         string  the physical GPU or MIG device behind it
@@ -11,71 +21,40 @@ selectors read (docs/contract.md, "DRA mode"):
     sharing      string  none | time-slicing | mps
     index        int     the GPU's index
     migProfile   string  MIG devices only, e.g. 1g.10gb
-    replica      int     shared devices only, the replica number
+    replica      int     one device per replica only, the replica number
     memory       capacity, the physical device's memory
 
-Device names are DNS labels made of the physical UUID and the replica number
-(`gpu-<uuid>`, `mig-<uuid>`, `gpu-<uuid>-r<n>`), so the same virtual device keeps its name
-across reloads and restarts, as its device plugin ID does. The pool is named after the node and
-split into slices of at most 128 devices (the API's limit); each republish carries a new pool
-generation, and the scheduler only trusts the slices of the newest one.
-
-`PublishedDevice` is a device in the API's own terms, independent of the API version, so that
-a device held by a prepared claim can be published unchanged after the config that made it is
-gone (the draining rule), even across restarts. Everything here is pure: the adapter sends the
-documents and keeps what it published.
+Device names are DNS labels made of the physical UUID, and the replica number in the replica
+model (`gpu-<uuid>`, `mig-<uuid>`, `gpu-<uuid>-r<n>`), so the same device keeps its name across
+reloads and restarts, as its device plugin ID does. Everything here is pure.
 """
 
 from __future__ import annotations
 
-import hashlib
-import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any
 
+from sharing_plugin.config.base import SharedDevices, SharingKind
 from sharing_plugin.config.model import Config
 from sharing_plugin.config.rules import advertised_name
 from sharing_plugin.errors import PlanError, Problem
 from sharing_plugin.gpus.inventory import Inventory
-from sharing_plugin.plan.model import Plan, VirtualDevice
+from sharing_plugin.plan.model import Plan, ResourcePlan, VirtualDevice
 from sharing_plugin.plan.node import NodePlan
-
-RESOURCE_GROUP: Final = "resource.k8s.io"
-V1: Final = f"{RESOURCE_GROUP}/v1"
-V1BETA1: Final = f"{RESOURCE_GROUP}/v1beta1"
-API_VERSIONS: Final = (V1, V1BETA1)  # newest first: the one picked when a server has both
-
-MAX_DEVICES_PER_SLICE: Final = 128  # ResourceSliceMaxDevices
-MAX_STRING_ATTRIBUTE: Final = 64  # DeviceAttributeMaxValueLength
-DEFAULT_DRIVER: Final = "gpu.sharing-plugin.io"
-_DNS_LABEL_MAX = 63
-_DNS_SUBDOMAIN_MAX = 253
-_UNSAFE = re.compile(r"[^a-z0-9-]+")
-_UNSAFE_DOTTED = re.compile(r"[^a-z0-9.-]+")
-_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
-
-Attribute = dict[str, str | int | bool]
-"""One attribute value in the API's form: {"string": ...}, {"int": ...} or {"bool": ...}."""
-
-
-def _hashed(text: str, limit: int) -> str:
-    """`text` cut to `limit` characters, ending in 8 hex characters of its hash when cut."""
-    if len(text) <= limit:
-        return text
-    digest = hashlib.sha256(text.encode()).hexdigest()[:8]
-    return f"{text[: limit - 9].rstrip('-.')}-{digest}"
-
-
-def is_dns_subdomain(text: str) -> bool:
-    """Whether `text` is an RFC 1123 subdomain, as a Node, a pool and most objects are named."""
-    return len(text) <= _DNS_SUBDOMAIN_MAX and _SUBDOMAIN.fullmatch(text) is not None
-
-
-def dns_label(text: str) -> str:
-    """`text` as an RFC 1123 label: lower case, `[a-z0-9-]`, at most 63 characters."""
-    slug = _UNSAFE.sub("-", text.lower()).strip("-") or "x"
-    return _hashed(slug, _DNS_LABEL_MAX)
+from sharing_plugin.views.dra_api import (
+    DEFAULT_DRIVER,
+    MAX_STRING_ATTRIBUTE,
+    V1,
+    Attribute,
+    Capacity,
+    DeviceTaint,
+    PublishedDevice,
+    device_class,
+    dns_label,
+    memory_quantity,
+    resource_slices,
+)
 
 
 def device_name(device: VirtualDevice) -> str:
@@ -87,67 +66,21 @@ def device_name(device: VirtualDevice) -> str:
     return dns_label(f"{device.physical}{suffix}")
 
 
-def device_class_name(resource: str, driver: str) -> str:
-    """The DeviceClass selecting `resource`'s devices: `<name>.<driver>` for nvidia.com names
-    (`gpu.shared.gpu.sharing-plugin.io`), `<name>.<domain>.<driver>` for other domains."""
-    domain, _, name = resource.rpartition("/")
-    parts = [name] if domain in ("", "nvidia.com") else [name, domain]
-    labels = []
-    for part in parts:
-        for label in _UNSAFE_DOTTED.sub("-", part.lower()).split("."):
-            cleaned = label.strip("-")
-            if cleaned:
-                labels.append(cleaned[:_DNS_LABEL_MAX].strip("-"))
-    return _hashed(".".join([*labels, driver]), _DNS_SUBDOMAIN_MAX)
-
-
-def memory_quantity(mib: int) -> str:
-    """MiB as a Kubernetes quantity in its canonical form (the largest exact binary suffix)."""
-    if mib and mib % (1024 * 1024) == 0:
-        return f"{mib // (1024 * 1024)}Ti"
-    if mib and mib % 1024 == 0:
-        return f"{mib // 1024}Gi"
-    return f"{mib}Mi"
-
-
 @dataclass(frozen=True, slots=True)
-class PublishedDevice:
-    """One device of the pool in the API's terms, whatever the API version."""
+class Shares:
+    """A device published by capacity: `count` claims asking nothing fit, each `mib` of memory."""
 
-    name: str
-    attributes: Mapping[str, Attribute]
-    capacity: Mapping[str, str]  # name -> quantity
-
-    def document(self, api_version: str) -> dict[str, Any]:
-        """The device as `api_version` writes it (v1beta1 wraps it in `basic`)."""
-        body: dict[str, Any] = {
-            "attributes": {k: dict(v) for k, v in self.attributes.items()},
-            "capacity": {k: {"value": q} for k, q in self.capacity.items()},
-        }
-        if api_version == V1BETA1:
-            return {"name": self.name, "basic": body}
-        return {"name": self.name, **body}
-
-    def to_json(self) -> dict[str, Any]:
-        """A version-free form for checkpoints; `from_json` reads it back."""
-        return {
-            "name": self.name,
-            "attributes": {k: dict(v) for k, v in self.attributes.items()},
-            "capacity": dict(self.capacity),
-        }
-
-    @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> PublishedDevice:
-        return cls(
-            name=str(data["name"]),
-            attributes={str(k): dict(v) for k, v in dict(data["attributes"]).items()},
-            capacity={str(k): str(v) for k, v in dict(data["capacity"]).items()},
-        )
+    count: int
+    mib: int
 
 
 @dataclass(frozen=True, slots=True)
 class DraDevice:
-    """A virtual device of the plan, with what DRA publishes about it."""
+    """A device of the plan, with what DRA publishes about it.
+
+    `device` is the plan's device behind it; for a shared device published by capacity
+    (`shares` set), the first of its replicas: every replica answers Allocate alike.
+    """
 
     name: str
     resource: str
@@ -157,12 +90,31 @@ class DraDevice:
     gpu_index: int
     mig_profile: str | None
     memory_mib: int
+    shares: Shares | None = None
 
     @property
     def healthy(self) -> bool:
         return self.device.healthy
 
-    def published(self) -> PublishedDevice:
+    @property
+    def gpu_uuid(self) -> str:
+        return self.device.gpu_uuid
+
+    def capacity(self) -> Capacity:
+        """`memory`: the device's, with a request policy when claims consume it."""
+        total = memory_quantity(self.memory_mib)
+        if self.shares is None:
+            return Capacity(total)
+        share = memory_quantity(self.shares.mib)
+        return Capacity(
+            total,
+            default=share,
+            minimum=share,
+            maximum=memory_quantity(self.shares.mib * self.shares.count),
+            step=share,
+        )
+
+    def published(self, taint: DeviceTaint | None = None) -> PublishedDevice:
         attributes: dict[str, Attribute] = {
             "resource": {"string": self.resource},
             "uuid": {"string": self.device.physical},
@@ -172,23 +124,32 @@ class DraDevice:
         }
         if self.mig_profile is not None:
             attributes["migProfile"] = {"string": self.mig_profile}
-        if self.device.replica is not None:
+        if self.shares is None and self.device.replica is not None:
             attributes["replica"] = {"int": self.device.replica}
         return PublishedDevice(
             name=self.name,
             attributes=attributes,
-            capacity={"memory": memory_quantity(self.memory_mib)},
+            capacity={"memory": self.capacity()},
+            multiple_allocations=self.shares is not None,
+            taints=(taint,) if taint is not None else (),
         )
 
 
-def dra_devices(plan: Plan, inventory: Inventory) -> tuple[DraDevice, ...]:
-    """Every device of `plan` as a DRA device, resources in name order, devices in plan order.
+def dra_devices(
+    plan: Plan,
+    inventory: Inventory,
+    *,
+    shared: SharedDevices = SharedDevices.CAPACITY,
+) -> tuple[DraDevice, ...]:
+    """Every device of `plan` as a DRA device, resources in name order, devices in plan order;
+    a shared resource's devices as `shared` says (see the module doc).
 
     Raises `PlanError` for what the API cannot carry: a resource name longer than a string
     attribute may be, or two devices with one name.
     """
     devices: list[DraDevice] = []
     problems: list[Problem] = []
+    pinned = _mps_pinned(plan)
     for resource in plan.resources:
         if len(resource.name) > MAX_STRING_ATTRIBUTE:
             problems.append(
@@ -199,21 +160,10 @@ def dra_devices(plan: Plan, inventory: Inventory) -> tuple[DraDevice, ...]:
                 )
             )
             continue
-        for device in resource.devices:
-            gpu = inventory.gpu(device.gpu_uuid)
-            mig = inventory.mig_device(device.physical) if device.is_mig else None
-            memory = mig.memory_mib if mig is not None else gpu.memory_mib if gpu else 0
+        by_capacity = shared is SharedDevices.CAPACITY and resource.sharing is not SharingKind.NONE
+        for device in _first_replicas(resource) if by_capacity else resource.devices:
             devices.append(
-                DraDevice(
-                    name=device_name(device),
-                    resource=resource.name,
-                    sharing=resource.sharing.value,
-                    device=device,
-                    product=gpu.product if gpu is not None else "",
-                    gpu_index=gpu.index if gpu is not None else int(device.index.split(":")[0]),
-                    mig_profile=mig.profile if mig is not None else None,
-                    memory_mib=memory,
-                )
+                _dra_device(resource, device, inventory, pinned if by_capacity else None)
             )
     seen: dict[str, DraDevice] = {}
     for d in devices:
@@ -227,86 +177,74 @@ def dra_devices(plan: Plan, inventory: Inventory) -> tuple[DraDevice, ...]:
     return tuple(devices)
 
 
+def _first_replicas(resource: ResourcePlan) -> list[VirtualDevice]:
+    """One device per physical device of a shared resource: its first replica, in plan order."""
+    first: dict[str, VirtualDevice] = {}
+    for device in resource.devices:
+        first.setdefault(device.physical, device)
+    return list(first.values())
+
+
+def _mps_pinned(plan: Plan) -> dict[tuple[str, str], int]:
+    """(MPS resource, GPU UUID) -> the memory each of its clients may pin, in MiB."""
+    return {(d.resource, g.uuid): g.pinned_memory_mib for d in plan.mps for g in d.devices}
+
+
+def _dra_device(
+    resource: ResourcePlan,
+    device: VirtualDevice,
+    inventory: Inventory,
+    pinned: Mapping[tuple[str, str], int] | None,
+) -> DraDevice:
+    gpu = inventory.gpu(device.gpu_uuid)
+    mig = inventory.mig_device(device.physical) if device.is_mig else None
+    memory = mig.memory_mib if mig is not None else gpu.memory_mib if gpu else 0
+    shares = None
+    if pinned is not None:
+        # A claim that asks nothing takes one replica's share; MPS clients pin at most their
+        # limit (memoryPerReplica), never more than the device holds per replica.
+        share = memory // max(device.replicas, 1)
+        limit = pinned.get((resource.name, device.gpu_uuid))
+        shares = Shares(device.replicas, min(share, limit) if limit else share)
+    return DraDevice(
+        name=dns_label(device.physical) if shares is not None else device_name(device),
+        resource=resource.name,
+        sharing=resource.sharing.value,
+        device=device,
+        product=gpu.product if gpu is not None else "",
+        gpu_index=gpu.index if gpu is not None else int(device.index.split(":")[0]),
+        mig_profile=mig.profile if mig is not None else None,
+        memory_mib=memory,
+        shares=shares,
+    )
+
+
 def pool_devices(
     devices: Sequence[DraDevice],
     *,
     held: Iterable[str] = (),
     kept: Mapping[str, PublishedDevice] | None = None,
+    taints: Mapping[str, DeviceTaint] | None = None,
 ) -> tuple[PublishedDevice, ...]:
-    """What the pool publishes: every healthy device, then the held devices the plan dropped.
+    """What the pool publishes: the plan's devices, then the held devices the plan dropped.
 
-    `held` names devices of prepared claims; `kept` has what was published for them. A held
-    device the plan no longer has stays published unchanged until its claim is unprepared
-    (the draining rule); a held device the plan still has but that is unhealthy leaves the
-    pool like any unhealthy device.
+    An unhealthy device is published with its GPU's taint from `taints` (GPU UUID -> taint):
+    it stays visible and is not allocated to new claims; without a taint for it (`taints`
+    None: a server without device taints) it leaves the pool. `held` names devices of
+    prepared claims; `kept` has what was published for them. A held device the plan no longer
+    has stays published unchanged until its claim is unprepared (the draining rule).
     """
     kept = kept or {}
-    published = [d.published() for d in devices if d.healthy]
+    published: list[PublishedDevice] = []
+    for d in devices:
+        taint = (taints or {}).get(d.gpu_uuid) if not d.healthy else None
+        if d.healthy or taint is not None:
+            published.append(d.published(taint))
     planned = {d.name for d in devices}
     for name in sorted(set(held) - planned):
         if name in kept:
             published.append(kept[name])
     return tuple(published)
-
-
-def _slice_name(node_name: str, driver: str, index: int) -> str:
-    base = _UNSAFE_DOTTED.sub("-", f"{node_name}-{driver}".lower()).strip("-.")
-    return _hashed(f"{base}-{index}", _DNS_SUBDOMAIN_MAX)
-
-
-def resource_slices(
-    devices: Sequence[PublishedDevice],
-    *,
-    node_name: str,
-    driver: str,
-    generation: int,
-    api_version: str = V1,
-) -> list[dict[str, Any]]:
-    """The pool `node_name` publishes: slices of at most 128 devices, named
-    `<node>-<driver>-<n>`, all of one generation. No devices: no slice."""
-    chunks = [
-        devices[i : i + MAX_DEVICES_PER_SLICE]
-        for i in range(0, len(devices), MAX_DEVICES_PER_SLICE)
-    ]
-    return [
-        {
-            "apiVersion": api_version,
-            "kind": "ResourceSlice",
-            "metadata": {"name": _slice_name(node_name, driver, i)},
-            "spec": {
-                "driver": driver,
-                "nodeName": node_name,
-                "pool": {
-                    "name": node_name,
-                    "generation": generation,
-                    "resourceSliceCount": len(chunks),
-                },
-                "devices": [d.document(api_version) for d in chunk],
-            },
-        }
-        for i, chunk in enumerate(chunks)
-    ]
-
-
-def class_selector(resource: str, driver: str) -> str:
-    """The CEL expression of a DeviceClass: the driver's devices of one resource."""
-    return (
-        f"device.driver == {_cel_string(driver)} && "
-        f"device.attributes[{_cel_string(driver)}].resource == {_cel_string(resource)}"
-    )
-
-
-def _cel_string(text: str) -> str:
-    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
-
-
-def device_class(resource: str, driver: str, *, api_version: str = V1) -> dict[str, Any]:
-    return {
-        "apiVersion": api_version,
-        "kind": "DeviceClass",
-        "metadata": {"name": device_class_name(resource, driver)},
-        "spec": {"selectors": [{"cel": {"expression": class_selector(resource, driver)}}]},
-    }
 
 
 def config_resource_names(config: Config) -> set[str]:
@@ -330,7 +268,11 @@ def dra_documents(
     """What `run-dra` publishes for this node: one DeviceClass per resource name (those of the
     plan and those the config names), then the node's ResourceSlices. Healthy devices only,
     as the pool carries them."""
-    devices = dra_devices(node_plan.plan, node_plan.inventory)
+    devices = dra_devices(
+        node_plan.plan,
+        node_plan.inventory,
+        shared=config.dra.shared_devices if api_version == V1 else SharedDevices.REPLICAS,
+    )
     names = sorted({r.name for r in node_plan.plan.resources} | config_resource_names(config))
     classes = [device_class(n, driver_name, api_version=api_version) for n in names]
     slices = resource_slices(

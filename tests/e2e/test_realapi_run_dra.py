@@ -48,6 +48,7 @@ pytestmark = [
 
 DEPLOY_DRA = Path(__file__).resolve().parents[2] / "deploy" / "dra"
 DRIVER = "gpu.sharing-plugin.io"
+BY_REPLICA = "dra:\n  sharedDevices: replicas\n"
 
 
 def test_deploy_dra_applies_and_its_cel_selectors_compile(real_api: realapi.RealApi) -> None:
@@ -142,8 +143,9 @@ async def test_run_dra_as_deploy_dra_configures_it_needs_every_rule_and_no_other
                 await observed(
                     cluster, slices, _dict(devices_published(node, 8, 1)), fields=on_node
                 )
-                # 160 devices: more than one ResourceSlice may hold (128), so two.
-                await edit(sliced(20))
+                # 160 devices: more than one ResourceSlice may hold (128), so two (one device
+                # per replica; by capacity the 8 GPUs would be 8 devices).
+                await edit(sliced(20) + BY_REPLICA)
                 found = await observed(
                     cluster, slices, _dict(devices_published(node, 160, 2)), fields=on_node
                 )
@@ -153,7 +155,7 @@ async def test_run_dra_as_deploy_dra_configures_it_needs_every_rule_and_no_other
                 claim = await _allocated_claim(cluster, claims, node=node, device=device)
                 answer = await _prepare(short_dir, claim)
                 assert answer.error == "" and [d.device_name for d in answer.devices] == [device]
-                await edit(sliced(2))  # one slice again: the second is deleted
+                await edit(sliced(2) + BY_REPLICA)  # one slice again: the second is deleted
                 await observed(
                     cluster, slices, _dict(devices_published(node, 16, 1)), fields=on_node
                 )

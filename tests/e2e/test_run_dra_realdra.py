@@ -25,7 +25,8 @@ from sharing_plugin.backends import backend_from_spec
 from sharing_plugin.config.loader import parse_config
 from sharing_plugin.nvml.discover import discover
 from sharing_plugin.plan.node import plan_node
-from sharing_plugin.views.dra import V1BETA1, dra_documents
+from sharing_plugin.views.dra import dra_documents
+from sharing_plugin.views.dra_api import V1BETA1
 
 ROOT = Path(__file__).resolve().parents[2]
 REALDRA = ROOT.parent / "shared" / "tools" / "realdra.gz"

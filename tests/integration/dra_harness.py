@@ -19,7 +19,7 @@ from sharing_plugin.daemon.dra import DraDaemon, DraOptions
 from sharing_plugin.daemon.dra_pool import PoolKeeper
 from sharing_plugin.daemon.options import SourceOptions
 from sharing_plugin.dra.claims import ClaimRef
-from sharing_plugin.views.dra import PublishedDevice, device_class, device_class_name
+from sharing_plugin.views.dra_api import PublishedDevice, device_class, device_class_name
 
 DRIVER = "gpu.sharing-plugin.io"
 NODE = "node-a"

@@ -6,11 +6,13 @@ from functools import cache
 from typing import Any
 
 from sharing_plugin.backends import backend_from_spec
+from sharing_plugin.config.base import SharedDevices
 from sharing_plugin.config.model import Config
 from sharing_plugin.gpus.inventory import Inventory
 from sharing_plugin.nvml.discover import discover
 from sharing_plugin.plan import plan
-from sharing_plugin.views.dra import PublishedDevice, dra_devices, pool_devices
+from sharing_plugin.views.dra import dra_devices, pool_devices
+from sharing_plugin.views.dra_api import PublishedDevice
 
 
 @cache
@@ -28,4 +30,4 @@ def published_devices(*, gpus: int, replicas: int) -> tuple[PublishedDevice, ...
     cfg = Config.model_validate(
         {"version": "v1", "sharing": sharing} if sharing else {"version": "v1"}
     )
-    return pool_devices(dra_devices(plan(cfg, node), node))
+    return pool_devices(dra_devices(plan(cfg, node), node, shared=SharedDevices.REPLICAS))

@@ -8,7 +8,7 @@ import pytest
 from dra_support import published_devices
 from support.dra.allocator import AllocationFailed, allocate, matches
 
-from sharing_plugin.views.dra import V1BETA1, device_class, resource_slices
+from sharing_plugin.views.dra_api import V1BETA1, device_class, resource_slices
 
 DRIVER = "gpu.sharing-plugin.io"
 

@@ -16,9 +16,14 @@ from sharing_plugin.dra.api.constants import V1BETA1_SERVICE
 SHARED = "nvidia.com/gpu.shared"
 
 
-def shared(replicas: int, **extra: str) -> str:
+def shared(replicas: int, *, by: str = "replicas", **extra: str) -> str:
+    """A time-slicing config of `replicas` per GPU, published one device per replica unless
+    `by` says otherwise (the test allocator here knows no consumable capacity; the real one's
+    tests are in tests/e2e)."""
     lines = [
         "version: v1",
+        "dra:",
+        f"  sharedDevices: {by}",
         "sharing:",
         "  timeSlicing:",
         "    renameByDefault: true",
@@ -46,6 +51,27 @@ async def test_the_plan_is_published_as_the_nodes_pool(short_dir: Path) -> None:
         status = run.daemon.status.to_json()
         assert status["resources"][SHARED]["devices"] == 32
         assert status["ready"] is True
+
+
+async def test_a_shared_gpu_is_published_as_one_device_whose_memory_claims_consume(
+    short_dir: Path,
+) -> None:
+    async with dra_running(short_dir, shared(4, by="capacity")) as run:
+        await run.published(8)
+        (s,) = run.slices()
+        device = s["spec"]["devices"][0]
+        assert device["allowMultipleAllocations"] is True
+        assert device["capacity"] == {
+            "memory": {
+                "value": "80Gi",
+                "requestPolicy": {
+                    "default": "20Gi",
+                    "validRange": {"min": "20Gi", "max": "80Gi", "step": "20Gi"},
+                },
+            }
+        }
+        assert "replica" not in device["attributes"]
+        assert run.daemon.status.to_json()["resources"][SHARED]["devices"] == 8
 
 
 async def test_allocate_prepare_cdi_spec_and_unprepare(short_dir: Path) -> None:
@@ -154,7 +180,8 @@ async def test_mig_mixed_devices_carry_their_profile(short_dir: Path) -> None:
 
 async def test_mps_claims_get_the_pipe_directory(short_dir: Path) -> None:
     config = (
-        "version: v1\nsharing:\n  mps:\n    resources:\n      - name: gpu\n        replicas: 2\n"
+        "version: v1\ndra:\n  sharedDevices: replicas\n"
+        "sharing:\n  mps:\n    resources:\n      - name: gpu\n        replicas: 2\n"
     )
     async with dra_running(short_dir, config) as run:
         devices = await run.published(16)

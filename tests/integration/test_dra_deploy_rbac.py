@@ -14,6 +14,8 @@ from kustomize_render import render
 ROOT = Path(__file__).resolve().parents[2]
 SHARED = """\
 version: v1
+dra:
+  sharedDevices: replicas
 sharing:
   timeSlicing:
     renameByDefault: true

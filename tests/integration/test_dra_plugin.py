@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 from support.dra.kubelet import DraKubeletSimulator
 
+from sharing_plugin.config.base import SharedDevices
 from sharing_plugin.config.model import Config
 from sharing_plugin.dra.api.constants import V1_SERVICE, V1BETA1_SERVICE
 from sharing_plugin.dra.cdi import CdiSpecDir
@@ -93,7 +94,7 @@ def pool_state(
     make_plan: Callable[..., tuple[Plan, Config, Inventory]], cfg: dict[str, Any]
 ) -> PoolState:
     plan, config, inventory = make_plan(cfg, "dgx-a100-80gb")
-    devices = {d.name: d for d in dra_devices(plan, inventory)}
+    devices = {d.name: d for d in dra_devices(plan, inventory, shared=SharedDevices.REPLICAS)}
     return PoolState(devices=devices, plan=plan, flags=config.flags)
 
 
@@ -246,7 +247,7 @@ async def test_a_device_of_an_unhealthy_gpu_is_refused(
     sick = node.state.plan.with_health({gpu: False})
     _, _, inventory = make_plan(SHARED, "dgx-a100-80gb")
     node.state = PoolState(
-        devices={d.name: d for d in dra_devices(sick, inventory)},
+        devices={d.name: d for d in dra_devices(sick, inventory, shared=SharedDevices.REPLICAS)},
         plan=sick,
         flags=node.state.flags,
     )

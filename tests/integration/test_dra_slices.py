@@ -18,7 +18,7 @@ from sharing_plugin.dra.claims import ApiClaimReader, ClaimRef
 from sharing_plugin.dra.resources import discover_version
 from sharing_plugin.dra.slices import SlicePublisher
 from sharing_plugin.errors import KubeApiError
-from sharing_plugin.views.dra import V1, V1BETA1
+from sharing_plugin.views.dra_api import V1, V1BETA1
 
 DRIVER = "gpu.sharing-plugin.io"
 NODE = "node-a"

@@ -18,7 +18,8 @@ from sharing_plugin.gpus.catalog import MODELS
 from sharing_plugin.nvml.discover import discover
 from sharing_plugin.plan.node import plan_node
 from sharing_plugin.sim.nvml.node import preset_names
-from sharing_plugin.views.dra import V1BETA1, config_resource_names, device_class
+from sharing_plugin.views.dra import config_resource_names
+from sharing_plugin.views.dra_api import V1BETA1, device_class
 
 ROOT = Path(__file__).resolve().parents[2]
 DRA = ROOT / "deploy" / "dra"

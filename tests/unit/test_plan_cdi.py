@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 from plan_factory import config, gpu, mps, node, time_slicing
 
+from sharing_plugin.config.base import SharedDevices
 from sharing_plugin.config.model import Config
 from sharing_plugin.errors import AllocationError
 from sharing_plugin.gpus.inventory import Inventory
@@ -20,7 +21,7 @@ GPU1 = "GPU-00000001-0000-4000-8000-000000000000"
 
 def spec_for(cfg: Config, inventory: Inventory, names: list[str]) -> dict[str, object]:
     p = plan(cfg, inventory)
-    by_name = {d.name: d for d in dra_devices(p, inventory)}
+    by_name = {d.name: d for d in dra_devices(p, inventory, shared=SharedDevices.REPLICAS)}
     chosen: list[DraDevice] = [by_name[n] for n in names]
     return claim_spec(driver=DRIVER, claim_uid=UID, devices=chosen, plan=p, flags=cfg.flags)
 

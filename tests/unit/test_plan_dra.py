@@ -11,21 +11,25 @@ from hypothesis import strategies as st
 from plan_factory import T4, config, gpu, mps, node, time_slicing
 from test_plan_properties import nodes, shared_configs
 
+from sharing_plugin.config.base import SharedDevices
 from sharing_plugin.errors import PlanError
 from sharing_plugin.gpus.inventory import Inventory
 from sharing_plugin.plan import plan
+from sharing_plugin.plan.model import Plan
 from sharing_plugin.plan.node import plan_node
-from sharing_plugin.views.dra import (
+from sharing_plugin.views.dra import DraDevice, dra_devices, dra_documents, pool_devices
+from sharing_plugin.views.dra_api import (
     MAX_DEVICES_PER_SLICE,
+    MAX_DEVICES_WITH_TAINTS_OR_COUNTERS,
     V1,
     V1BETA1,
+    Capacity,
+    CounterSet,
+    DeviceTaint,
     PublishedDevice,
     device_class_name,
     dns_label,
-    dra_devices,
-    dra_documents,
     memory_quantity,
-    pool_devices,
     resource_slices,
 )
 
@@ -38,10 +42,17 @@ def attributes(device: PublishedDevice) -> dict[str, Any]:
     return {k: next(iter(v.values())) for k, v in device.attributes.items()}
 
 
-def published(cfg_inventory: tuple[Any, Inventory]) -> dict[str, PublishedDevice]:
+def published(
+    cfg_inventory: tuple[Any, Inventory], shared: SharedDevices = SharedDevices.REPLICAS
+) -> dict[str, PublishedDevice]:
     cfg, inventory = cfg_inventory
-    devices = pool_devices(dra_devices(plan(cfg, inventory), inventory))
+    devices = pool_devices(dra_devices(plan(cfg, inventory), inventory, shared=shared))
     return {d.name: d for d in devices}
+
+
+def by_replica(p: Plan, inventory: Inventory) -> tuple[DraDevice, ...]:
+    """The plan's devices in the model of one DRA device per replica."""
+    return dra_devices(p, inventory, shared=SharedDevices.REPLICAS)
 
 
 def test_whole_gpu_device_name_attributes_and_memory() -> None:
@@ -55,7 +66,8 @@ def test_whole_gpu_device_name_attributes_and_memory() -> None:
         "sharing": "none",
         "index": 0,
     }
-    assert whole.capacity == {"memory": "80Gi"}
+    assert whole.capacity == {"memory": Capacity("80Gi")}
+    assert not whole.multiple_allocations
     assert attributes(devices["gpu-00000001-0000-4000-8000-000000000000"])["productName"] == T4
 
 
@@ -89,7 +101,8 @@ def test_mig_devices_carry_their_profile_gpu_index_and_own_memory() -> None:
         "index": 3,
         "migProfile": "3g.40gb",
     }
-    assert mig.capacity == {"memory": memory_quantity(40_000)} == {"memory": "40000Mi"}
+    assert mig.capacity == {"memory": Capacity(memory_quantity(40_000))}
+    assert memory_quantity(40_000) == "40000Mi"
 
 
 def test_mps_replicas_say_mps() -> None:
@@ -124,7 +137,7 @@ def test_dns_label_cuts_long_names_with_a_hash() -> None:
 def test_slices_split_at_128_devices_with_one_generation_and_count() -> None:
     inventory = node(*(gpu(i) for i in range(8)))
     cfg = time_slicing({"name": "gpu", "replicas": 20})
-    devices = pool_devices(dra_devices(plan(cfg, inventory), inventory))
+    devices = pool_devices(by_replica(plan(cfg, inventory), inventory))
     slices = resource_slices(devices, node_name="node-a", driver=DRIVER, generation=7)
     assert [len(s["spec"]["devices"]) for s in slices] == [128, 32]
     assert [s["metadata"]["name"] for s in slices] == [
@@ -157,7 +170,7 @@ def test_unhealthy_devices_leave_the_pool() -> None:
     inventory = node(gpu(0), gpu(1))
     p = plan(time_slicing({"name": "gpu", "replicas": 2}), inventory)
     sick = p.with_health({"GPU-00000000-0000-4000-8000-000000000000": False})
-    names = [d.name for d in pool_devices(dra_devices(sick, inventory))]
+    names = [d.name for d in pool_devices(by_replica(sick, inventory))]
     assert names == [
         "gpu-00000001-0000-4000-8000-000000000000-r0",
         "gpu-00000001-0000-4000-8000-000000000000-r1",
@@ -167,12 +180,12 @@ def test_unhealthy_devices_leave_the_pool() -> None:
 def test_held_devices_the_plan_dropped_stay_published_unchanged() -> None:
     inventory = node(gpu(0))
     before = pool_devices(
-        dra_devices(plan(time_slicing({"name": "gpu", "replicas": 4}), inventory), inventory)
+        by_replica(plan(time_slicing({"name": "gpu", "replicas": 4}), inventory), inventory)
     )
     kept = {d.name: d for d in before}
     held = {"gpu-00000000-0000-4000-8000-000000000000-r3", "gone-elsewhere"}
     after = pool_devices(
-        dra_devices(plan(time_slicing({"name": "gpu", "replicas": 2}), inventory), inventory),
+        by_replica(plan(time_slicing({"name": "gpu", "replicas": 2}), inventory), inventory),
         held=held,
         kept=kept,
     )
@@ -244,7 +257,7 @@ def test_every_plan_device_is_one_uniquely_named_dra_device(data: st.DataObject)
     inventory = data.draw(nodes())
     cfg, _ = data.draw(shared_configs(inventory))
     p = plan(cfg, inventory)
-    devices = dra_devices(p, inventory)
+    devices = by_replica(p, inventory)
     assert [d.device for d in devices] == [d for r in p.resources for d in r.devices]
     names = [d.name for d in devices]
     assert len(names) == len(set(names))
@@ -270,6 +283,186 @@ def test_every_plan_device_is_one_uniquely_named_dra_device(data: st.DataObject)
 def test_names_survive_replica_increases(inventory: Inventory, low: int, extra: int) -> None:
     def names(replicas: int) -> set[str]:
         cfg = time_slicing({"name": "gpu", "replicas": replicas})
-        return {d.name for d in dra_devices(plan(cfg, inventory), inventory)}
+        return {d.name for d in by_replica(plan(cfg, inventory), inventory)}
 
     assert names(low) <= names(low + extra)
+
+
+# ---- shared GPUs as consumable capacity --------------------------------------------------------
+
+CAPACITY = SharedDevices.CAPACITY
+GPU0 = "gpu-00000000-0000-4000-8000-000000000000"
+GPU1 = "gpu-00000001-0000-4000-8000-000000000000"
+
+
+def test_a_shared_gpu_is_one_device_whose_memory_claims_consume() -> None:
+    inventory = node(gpu(0), gpu(1))
+    cfg = time_slicing({"name": "gpu", "devices": [0], "replicas": 4}, renameByDefault=True)
+    devices = published((cfg, inventory), CAPACITY)
+    assert sorted(devices) == [GPU0, GPU1]
+    shared = devices[GPU0]
+    assert shared.multiple_allocations
+    # 80 GiB in four shares: a claim that asks nothing takes 20 GiB, one may ask up to all four.
+    assert shared.capacity == {
+        "memory": Capacity("80Gi", default="20Gi", minimum="20Gi", maximum="80Gi", step="20Gi")
+    }
+    assert "replica" not in attributes(shared)
+    assert attributes(shared)["sharing"] == "time-slicing"
+    whole = devices[GPU1]
+    assert not whole.multiple_allocations and whole.capacity == {"memory": Capacity("80Gi")}
+
+
+def test_a_share_that_does_not_divide_the_memory_keeps_whole_shares_within_it() -> None:
+    inventory = node(gpu(0))
+    (device,) = published(
+        (time_slicing({"name": "gpu", "replicas": 3}), inventory), CAPACITY
+    ).values()
+    document = device.document(V1)
+    # 81920 MiB / 3 = 27306 MiB each; the API wants the range's max a whole number of steps.
+    assert document["capacity"]["memory"] == {
+        "value": "80Gi",
+        "requestPolicy": {
+            "default": "27306Mi",
+            "validRange": {"min": "27306Mi", "max": "81918Mi", "step": "27306Mi"},
+        },
+    }
+    assert document["allowMultipleAllocations"] is True
+
+
+def test_mps_memory_per_replica_sets_the_share() -> None:
+    inventory = node(gpu(0))
+    cfg = mps({"name": "gpu", "memoryPerReplica": "10Gi"})
+    (device,) = published((cfg, inventory), CAPACITY).values()
+    memory = device.capacity["memory"]
+    assert (memory.default, memory.step, memory.maximum) == ("10Gi", "10Gi", "80Gi")
+    assert attributes(device)["sharing"] == "mps"
+
+
+def test_mig_devices_shared_by_capacity_take_their_own_memory() -> None:
+    inventory = node(gpu(3, migs=("1g.10gb", "3g.40gb")))
+    cfg = config(
+        flags={"migStrategy": "mixed"},
+        sharing={"timeSlicing": {"resources": [{"name": "mig-3g.40gb", "replicas": 2}]}},
+    )
+    devices = published((cfg, inventory), CAPACITY)
+    shared = devices["mig-00030001-0000-4000-8000-000000000000"]
+    assert shared.capacity["memory"] == Capacity(
+        "40000Mi", default="20000Mi", minimum="20000Mi", maximum="40000Mi", step="20000Mi"
+    )
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.data())
+def test_by_capacity_every_physical_device_is_one_dra_device_and_the_shares_fit(
+    data: st.DataObject,
+) -> None:
+    inventory = data.draw(nodes())
+    cfg, _ = data.draw(shared_configs(inventory))
+    p = plan(cfg, inventory)
+    devices = dra_devices(p, inventory, shared=CAPACITY)
+    physical = [(r.name, d.physical) for r in p.resources for d in r.devices]
+    assert [(d.resource, d.device.physical) for d in devices] == list(dict.fromkeys(physical))
+    for d in devices:
+        resource = p.resource(d.resource)
+        assert resource is not None
+        count = sum(1 for v in resource.devices if v.physical == d.device.physical)
+        if d.shares is None:
+            assert count == 1
+            continue
+        # At most `replicas` claims that ask nothing fit, and never more memory than there is.
+        assert d.shares.count == count and d.shares.mib * count <= d.memory_mib
+        assert d.memory_mib // d.shares.mib >= count
+
+
+def test_unhealthy_devices_stay_published_with_their_gpus_taint() -> None:
+    inventory = node(gpu(0), gpu(1))
+    p = plan(time_slicing({"name": "gpu", "replicas": 2}), inventory)
+    sick = p.with_health({"GPU-00000000-0000-4000-8000-000000000000": False})
+    taint = DeviceTaint("gpu.sharing-plugin.io/unhealthy", "xid-79")
+    devices = dra_devices(sick, inventory, shared=CAPACITY)
+    pool = pool_devices(devices, taints={"GPU-00000000-0000-4000-8000-000000000000": taint})
+    assert [(d.name, d.taints) for d in pool] == [(GPU0, (taint,)), (GPU1, ())]
+    assert pool[0].document(V1)["taints"] == [
+        {"key": "gpu.sharing-plugin.io/unhealthy", "value": "xid-79", "effect": "NoSchedule"}
+    ]
+    # Without taints (a server that has none) an unhealthy device leaves the pool.
+    assert [d.name for d in pool_devices(devices)] == [GPU1]
+
+
+def test_devices_with_taints_or_counters_fill_slices_of_64() -> None:
+    plain = [PublishedDevice(f"d{i}", {}, {}) for i in range(130)]
+    tainted = [PublishedDevice(f"t{i}", {}, {}, taints=(DeviceTaint("k", "v"),)) for i in range(70)]
+    slices = resource_slices([*plain, *tainted], node_name="n", driver=DRIVER, generation=1)
+    assert [len(s["spec"]["devices"]) for s in slices] == [128, 64, 8]
+    for s in slices:
+        limited = any("taints" in d for d in s["spec"]["devices"])
+        limit = MAX_DEVICES_WITH_TAINTS_OR_COUNTERS if limited else MAX_DEVICES_PER_SLICE
+        assert len(s["spec"]["devices"]) <= limit
+
+
+def test_counter_sets_are_slices_of_their_own_of_at_most_8() -> None:
+    sets = [CounterSet(f"gpu-{i}", {"memory-slice-0": 1, "compute-slices": 7}) for i in range(9)]
+    consuming = PublishedDevice(
+        "m", {}, {}, consumes={"gpu-0": {"memory-slice-0": 1, "compute-slices": 1}}
+    )
+    slices = resource_slices(
+        [consuming], counter_sets=sets, node_name="n", driver=DRIVER, generation=3
+    )
+    assert [sorted(s["spec"]) for s in slices] == [
+        ["driver", "nodeName", "pool", "sharedCounters"],
+        ["driver", "nodeName", "pool", "sharedCounters"],
+        ["devices", "driver", "nodeName", "pool"],
+    ]
+    assert [len(s["spec"].get("sharedCounters", ())) for s in slices] == [8, 1, 0]
+    assert {s["spec"]["pool"]["resourceSliceCount"] for s in slices} == {3}
+    assert slices[0]["spec"]["sharedCounters"][0] == {
+        "name": "gpu-0",
+        "counters": {"memory-slice-0": {"value": "1"}, "compute-slices": {"value": "7"}},
+    }
+    assert slices[2]["spec"]["devices"][0]["consumesCounters"] == [
+        {
+            "counterSet": "gpu-0",
+            "counters": {"memory-slice-0": {"value": "1"}, "compute-slices": {"value": "1"}},
+        }
+    ]
+
+
+def test_every_published_form_round_trips_through_json() -> None:
+    inventory = node(gpu(0))
+    (shared,) = published(
+        (time_slicing({"name": "gpu", "replicas": 4}), inventory), CAPACITY
+    ).values()
+    tainted = PublishedDevice(
+        "x",
+        {"index": {"int": 1}},
+        {"memory": Capacity("1Gi")},
+        consumes={"gpu-0": {"memory-slice-3": 1}},
+        taints=(DeviceTaint("a/b", "c"),),
+    )
+    for device in (shared, tainted):
+        assert PublishedDevice.from_json(device.to_json()) == device
+    # A checkpoint written before request policies held each capacity as its quantity.
+    old = {"name": "o", "attributes": {}, "capacity": {"memory": "80Gi"}}
+    assert PublishedDevice.from_json(old).capacity == {"memory": Capacity("80Gi")}
+
+
+def slice_devices(docs: list[dict[str, Any]]) -> list[str]:
+    return [
+        d["name"] for doc in docs if doc["kind"] == "ResourceSlice" for d in doc["spec"]["devices"]
+    ]
+
+
+def test_dra_documents_publish_by_capacity_in_v1_and_by_replica_in_v1beta1() -> None:
+    inventory = node(gpu(0))
+    cfg = time_slicing({"name": "gpu", "replicas": 2})
+    node_plan = plan_node(cfg, inventory, as_is=True)
+    v1 = dra_documents(cfg, node_plan, "n", DRIVER, api_version=V1)
+    v1beta1 = dra_documents(cfg, node_plan, "n", DRIVER, api_version=V1BETA1)
+    assert slice_devices(v1) == [GPU0]
+    assert slice_devices(v1beta1) == [f"{GPU0}-r0", f"{GPU0}-r1"]
+    by_replica = config(
+        dra={"sharedDevices": "replicas"},
+        sharing={"timeSlicing": {"resources": [{"name": "gpu", "replicas": 2}]}},
+    )
+    docs = dra_documents(by_replica, plan_node(by_replica, inventory, as_is=True), "n", DRIVER)
+    assert slice_devices(docs) == [f"{GPU0}-r0", f"{GPU0}-r1"]
