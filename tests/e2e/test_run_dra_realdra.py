@@ -10,16 +10,15 @@ NodePrepareResources answer and hands the container the CDI devices we named.
 
 from __future__ import annotations
 
-import asyncio
-import gzip
 import json
-import shutil
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+import realdra
 from plugin_process import PluginProcess
+from realdra import RealDra
 
 from sharing_plugin.backends import backend_from_spec
 from sharing_plugin.config.loader import parse_config
@@ -28,13 +27,11 @@ from sharing_plugin.plan.node import plan_node
 from sharing_plugin.views.dra import dra_documents
 from sharing_plugin.views.dra_api import V1BETA1
 
-ROOT = Path(__file__).resolve().parents[2]
-REALDRA = ROOT.parent / "shared" / "tools" / "realdra.gz"
-DRIVER = "gpu.sharing-plugin.io"
+DRIVER = realdra.DRIVER
 NODE = "node-1"
 
 pytestmark = pytest.mark.skipif(
-    not REALDRA.is_file(), reason="../shared/tools/realdra.gz is absent (only CI has it)"
+    not realdra.available("realdra"), reason=realdra.skip_reason("realdra")
 )
 
 SHARED_CONFIG = """\
@@ -49,100 +46,13 @@ sharing:
 MIG_CONFIG = "version: v1\nflags:\n  migStrategy: mixed\n"
 
 
-@pytest.fixture(scope="module")
-def realdra_binary(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("realdra") / "realdra"
-    with gzip.open(REALDRA) as packed, path.open("wb") as out:
-        shutil.copyfileobj(packed, out)
-    path.chmod(0o755)
-    return path
-
-
-class RealDra:
-    """The realdra process and its JSON-lines control loop (one request, one answer)."""
-
-    def __init__(self, process: asyncio.subprocess.Process, ready: dict[str, Any]) -> None:
-        self.process = process
-        self.ready = ready
-        self._lock = asyncio.Lock()
-
-    async def cmd(self, request: dict[str, Any], timeout: float = 15.0) -> dict[str, Any]:  # noqa: ASYNC109
-        assert self.process.stdin is not None and self.process.stdout is not None
-        async with self._lock, asyncio.timeout(timeout):
-            self.process.stdin.write((json.dumps(request) + "\n").encode())
-            await self.process.stdin.drain()
-            answer: dict[str, Any] = json.loads(await self.process.stdout.readline())
-        return answer
-
-    async def ok(self, request: dict[str, Any]) -> dict[str, Any]:
-        answer = await self.cmd(request)
-        assert answer.get("ok") is True, f"{request['cmd']}: {answer}"
-        return answer
-
-    async def wait_registrations(
-        self, count: int, call: str = "RegisterPlugin", within: float = 10.0
-    ) -> list[dict[str, Any]]:
-        """The kubelet's registration events, once `call` happened `count` times (its plugin
-        manager reconciles once a second; asked every 50 ms, as below)."""
-        async with asyncio.timeout(within):
-            while True:
-                events: list[dict[str, Any]] = (await self.ok({"cmd": "registrations"}))["events"]
-                if sum(1 for e in events if e["call"] == call) >= count:
-                    return events
-                await asyncio.sleep(0.05)
-
-    async def slices(self) -> list[dict[str, Any]]:
-        found = (await self.ok({"cmd": "list", "kind": "ResourceSlice"})).get("items") or []
-        return [s for s in found if s["spec"]["driver"] == DRIVER]
-
-    async def wait_slices(self, devices: int, within: float = 10.0) -> list[dict[str, Any]]:
-        """Once the pool holds `devices` devices. realdra's control loop offers no watch, so
-        its API is asked again every 50 ms, within a bound."""
-        async with asyncio.timeout(within):
-            while True:
-                found = await self.slices()
-                if sum(len(s["spec"]["devices"]) for s in found) == devices:
-                    return found
-                await asyncio.sleep(0.05)
-
-
 @pytest.fixture
-async def realdra(realdra_binary: Path, short_dir: Path) -> AsyncIterator[RealDra]:
-    log = (short_dir / "realdra.log").open("w")
-    process = await asyncio.create_subprocess_exec(
-        str(realdra_binary),
-        "-dir",
-        str(short_dir),
-        "-node",
-        NODE,
-        stdin=asyncio.subprocess.PIPE,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=log,
-    )
-    try:
-        assert process.stdout is not None
-        ready = json.loads(await asyncio.wait_for(process.stdout.readline(), 15))
-        assert ready["ok"] and ready["event"] == "ready", ready
-        dra = RealDra(process, ready)
+async def real(short_dir: Path) -> AsyncIterator[RealDra]:
+    async with realdra.running("realdra", short_dir, node=NODE) as dra:
         yield dra
-        await dra.cmd({"cmd": "quit"})
-        await asyncio.wait_for(process.wait(), 5)
-    finally:
-        if process.returncode is None:
-            process.kill()
-            await process.wait()
-        log.close()
 
 
-class DraPlugin(PluginProcess):
-    """`python -m sharing_plugin run-dra ARGS`."""
-
-    def __init__(self, args: list[str], env: dict[str, str]) -> None:
-        super().__init__(args, env)
-        self.args[self.args.index("run")] = "run-dra"
-
-
-def plugin(realdra: RealDra, root: Path, config: str, gpus: str) -> DraPlugin:
+def plugin(real: RealDra, root: Path, config: str, gpus: str) -> PluginProcess:
     path = root / "config.yaml"
     path.write_text(config)
     args = [
@@ -159,7 +69,7 @@ def plugin(realdra: RealDra, root: Path, config: str, gpus: str) -> DraPlugin:
         "--metrics-address",
         "off",
     ]
-    return DraPlugin(args, {"KUBECONFIG": realdra.ready["kubeconfig"]})
+    return PluginProcess(args, {"KUBECONFIG": real.kubeconfig}, command="run-dra")
 
 
 def documents(config: str, gpus: str) -> tuple[list[dict[str, Any]], int]:
@@ -173,7 +83,7 @@ def documents(config: str, gpus: str) -> tuple[list[dict[str, Any]], int]:
 
 
 async def create_pod(
-    realdra: RealDra, name: str, class_name: str, *, count: int = 1, selector: str | None = None
+    real: RealDra, name: str, class_name: str, *, count: int = 1, selector: str | None = None
 ) -> None:
     request: dict[str, Any] = {
         "name": "gpus",
@@ -184,7 +94,7 @@ async def create_pod(
     }
     if selector is not None:
         request["selectors"] = [{"cel": {"expression": selector}}]
-    await realdra.ok(
+    await real.ok(
         {
             "cmd": "create",
             "object": {
@@ -195,7 +105,7 @@ async def create_pod(
             },
         }
     )
-    await realdra.ok(
+    await real.ok(
         {
             "cmd": "create",
             "object": {
@@ -219,30 +129,30 @@ def pod(name: str) -> dict[str, str]:
 
 
 async def test_real_allocator_and_kubelet_prepare_our_devices(
-    realdra: RealDra, short_dir: Path
+    real: RealDra, short_dir: Path
 ) -> None:
     gpus = "simulated:t4x4"
-    async with plugin(realdra, short_dir, SHARED_CONFIG, gpus) as first:
-        registered = await realdra.ok({"cmd": "wait-plugin", "driver": DRIVER, "timeout": 15})
+    async with plugin(real, short_dir, SHARED_CONFIG, gpus) as first:
+        registered = await real.ok({"cmd": "wait-plugin", "driver": DRIVER, "timeout": 15})
         assert registered["registered"] is True
-        (pool,) = await realdra.wait_slices(8)
+        (pool,) = await real.wait_slices(8)
         assert pool["spec"]["pool"]["name"] == NODE
         assert pool["spec"]["pool"]["resourceSliceCount"] == 1
         assert all("basic" in d for d in pool["spec"]["devices"])  # 1.32 speaks v1beta1
         device_classes, count = documents(SHARED_CONFIG, gpus)
         assert count == 8
         for device_class in device_classes:
-            await realdra.ok({"cmd": "create", "object": device_class})
-        await create_pod(realdra, "p", "gpu.shared.gpu.sharing-plugin.io", count=2)
+            await real.ok({"cmd": "create", "object": device_class})
+        await create_pod(real, "p", "gpu.shared.gpu.sharing-plugin.io", count=2)
 
-        allocated = await realdra.ok({"cmd": "allocate", "pod": pod("p")})
+        allocated = await real.ok({"cmd": "allocate", "pod": pod("p")})
         (claim,) = allocated["claims"]
         results = claim["allocation"]["devices"]["results"]
         assert [(r["driver"], r["pool"]) for r in results] == [(DRIVER, NODE)] * 2
         names = [r["device"] for r in results]
         uid = claim["uid"]
 
-        prepared = await realdra.ok({"cmd": "prepare", "pod": pod("p")})
+        prepared = await real.ok({"cmd": "prepare", "pod": pod("p")})
         (container,) = prepared["containers"]
         assert container["cdiDevices"] == [f"{DRIVER}/claim={uid}-{n}" for n in names]
         spec_file = short_dir / "cdi" / f"{DRIVER}-claim_{uid}.json"
@@ -259,31 +169,31 @@ async def test_real_allocator_and_kubelet_prepare_our_devices(
         # The plugin dies; a new one must unprepare what the first prepared (its checkpoint).
         first.process.kill()
         await first.wait(5)
-    async with plugin(realdra, short_dir, SHARED_CONFIG, gpus) as second:
+    async with plugin(real, short_dir, SHARED_CONFIG, gpus) as second:
         # The kubelet still holds the dead plugin's registration: wait for the new one.
-        await realdra.wait_registrations(2)
-        await realdra.wait_slices(8)
-        await realdra.ok({"cmd": "unprepare", "pod": pod("p")})
+        await real.wait_registrations(2)
+        await real.wait_slices(8)
+        await real.ok({"cmd": "unprepare", "pod": pod("p")})
         assert not spec_file.exists()
-        checkpoint = (await realdra.ok({"cmd": "checkpoint"}))["checkpoint"]
+        checkpoint = (await real.ok({"cmd": "checkpoint"}))["checkpoint"]
         assert '"ClaimInfoStateList":[]' in checkpoint["Data"]
 
         assert await second.stop(timeout=2.0) == 0  # docs/contract.md: within 2 s
     # Deregistered twice: the killed plugin's stale socket removed, then ours at exit.
-    events = await realdra.wait_registrations(2, "DeRegisterPlugin")
+    events = await real.wait_registrations(2, "DeRegisterPlugin")
     assert events[-1]["call"] == "DeRegisterPlugin"
     services = {tuple(e["versions"]) for e in events if e["call"] == "RegisterPlugin"}
     assert services == {("v1.DRAPlugin", "v1beta1.DRAPlugin")}
 
 
 async def test_real_cel_selects_a_mig_profile_from_our_attributes(
-    realdra: RealDra, short_dir: Path
+    real: RealDra, short_dir: Path
 ) -> None:
     gpus = "simulated:a100-mig-mixed"
-    async with plugin(realdra, short_dir, MIG_CONFIG, gpus) as running:
-        await realdra.ok({"cmd": "wait-plugin", "driver": DRIVER, "timeout": 15})
+    async with plugin(real, short_dir, MIG_CONFIG, gpus) as running:
+        await real.ok({"cmd": "wait-plugin", "driver": DRIVER, "timeout": 15})
         wanted, count = documents(MIG_CONFIG, gpus)
-        found = await realdra.wait_slices(count)
+        found = await real.wait_slices(count)
         profiles = sorted(
             {
                 d["basic"]["attributes"]["migProfile"]["string"]
@@ -296,13 +206,13 @@ async def test_real_cel_selects_a_mig_profile_from_our_attributes(
         # Any MIG device of that profile, whatever its resource: a selector on our attribute.
         mig_class = f"mig-{profile.replace('+', '.')}.gpu.sharing-plugin.io"
         for device_class in wanted:
-            await realdra.ok({"cmd": "create", "object": device_class})
+            await real.ok({"cmd": "create", "object": device_class})
         selector = f'device.attributes["{DRIVER}"].migProfile == "{profile}"'
-        await create_pod(realdra, "m", mig_class, selector=selector)
-        (claim,) = (await realdra.ok({"cmd": "allocate", "pod": pod("m")}))["claims"]
+        await create_pod(real, "m", mig_class, selector=selector)
+        (claim,) = (await real.ok({"cmd": "allocate", "pod": pod("m")}))["claims"]
         (result,) = claim["allocation"]["devices"]["results"]
         assert result["device"].startswith("mig-")
-        prepared = await realdra.ok({"cmd": "prepare", "pod": pod("m")})
+        prepared = await real.ok({"cmd": "prepare", "pod": pod("m")})
         (container,) = prepared["containers"]
         assert container["cdiDevices"] == [f"{DRIVER}/claim={claim['uid']}-{result['device']}"]
         spec = json.loads((short_dir / "cdi" / f"{DRIVER}-claim_{claim['uid']}.json").read_text())
