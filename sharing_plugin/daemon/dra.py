@@ -44,7 +44,7 @@ from sharing_plugin.dra.slices import SlicePublisher
 from sharing_plugin.errors import KubeApiError, StartupError
 from sharing_plugin.nvml.api import NvmlApi
 from sharing_plugin.views.dra import dra_devices
-from sharing_plugin.views.dra_api import DEFAULT_DRIVER, V1
+from sharing_plugin.views.dra_api import CONSUMABLE_CAPACITY, DEFAULT_DRIVER, V1
 
 if TYPE_CHECKING:
     from lightkube import AsyncClient
@@ -108,6 +108,8 @@ class DraDaemon(ObservedService):
         # Consumable capacity is resource.k8s.io/v1's (Kubernetes 1.34+); an older server is
         # given one device per replica whatever the config asks.
         self._capacity = version == V1
+        if not self._capacity:
+            self._by_replica(f"{version} has no consumable capacity")
         self.preparer = ClaimPreparer(
             driver=driver,
             pool=node,
@@ -123,6 +125,7 @@ class DraDaemon(ObservedService):
             status=self.status,
             registered=lambda: self.server is not None and self.server.registered,
             backoff_s=self.options.publish_backoff_s,
+            on_dropped=self._dropped,
         )
         await self.pipeline.start()
         self.server = DraPluginServer(
@@ -162,6 +165,8 @@ class DraDaemon(ObservedService):
         if partitioning is not None and partitioning.mig:
             log.warning("run-dra does not apply partitioning.mig: MIG devices are served as is")
         assert self.keeper is not None
+        if self._capacity:
+            self.status.set_dra(shared_devices=applied.config.dra.shared_devices.value)
         self.keeper.set_state(state)
         return Served(f"{len(state.devices)} DRA device(s)")
 
@@ -169,6 +174,23 @@ class DraDaemon(ObservedService):
         applied = self.pipeline.applied
         if applied is not None and self.keeper is not None:
             self.keeper.set_state(self._pool_state(applied))
+
+    def _dropped(self, features: frozenset[str]) -> None:
+        """The API server did not keep some fields of the slices: publish what it does keep."""
+        if CONSUMABLE_CAPACITY not in features or not self._capacity:
+            return
+        self._capacity = False
+        self._by_replica(
+            "the API server does not keep the consumable-capacity fields of ResourceSlices "
+            f"(feature gate {CONSUMABLE_CAPACITY} off?)"
+        )
+        applied = self.pipeline.applied
+        if applied is not None and self.keeper is not None:
+            self.keeper.set_state(self._pool_state(applied))
+
+    def _by_replica(self, why: str) -> None:
+        log.warning("%s: shared GPUs are published as one device per replica", why)
+        self.status.set_dra(shared_devices=SharedDevices.REPLICAS.value, reason=why)
 
     def _pool_state(self, applied: Applied) -> PoolState:
         plan = self.pipeline.healthy_plan(applied)

@@ -36,8 +36,13 @@ class PoolKeeper:
         status: StatusBoard,
         registered: Callable[[], bool],
         backoff_s: tuple[float, float] = (0.2, 10.0),
+        on_dropped: Callable[[frozenset[str]], None] = lambda _: None,
     ) -> None:
+        """`on_dropped` hears which features the API server did not keep the fields of, each
+        time that changes (a server with their feature gates off drops them on write)."""
         self.publisher = publisher
+        self._on_dropped = on_dropped
+        self._dropped: frozenset[str] = frozenset()
         self._held = held
         self._status = status
         self._registered = registered
@@ -86,6 +91,9 @@ class PoolKeeper:
                 self._dirty.set()
                 continue
             delay = low
+            if self.publisher.dropped != self._dropped:
+                self._dropped = self.publisher.dropped
+                self._on_dropped(self._dropped)
             self._update_status()
             async with self._published:
                 self._published.notify_all()

@@ -39,6 +39,7 @@ class PreparedDevice:
     pool: str
     device: str
     cdi_ids: tuple[str, ...]
+    share_id: str | None = None  # the share of a device claims consume (consumable capacity)
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,6 +62,7 @@ class PreparedClaim:
                     "pool": d.pool,
                     "device": d.device,
                     "cdiIds": list(d.cdi_ids),
+                    **({"shareId": d.share_id} if d.share_id else {}),
                 }
                 for d in self.devices
             ],
@@ -78,6 +80,7 @@ class PreparedClaim:
                     pool=str(d["pool"]),
                     device=str(d["device"]),
                     cdi_ids=tuple(str(c) for c in d["cdiIds"]),
+                    share_id=str(d["shareId"]) if d.get("shareId") else None,
                 )
                 for d in data["devices"]
             ),

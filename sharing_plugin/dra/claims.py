@@ -3,13 +3,14 @@
 The kubelet names a claim by namespace, name and UID only; the plugin reads the claim from the
 API and keeps, of its allocation, the results of its own driver. Both API versions carry the
 allocation in the same shape (`status.allocation.devices.results[]` with `request`, `driver`,
-`pool`, `device`), so one parser serves v1 and v1beta1.
+`pool`, `device`; with consumable capacity, v1 adds `shareID` and `consumedCapacity`), so one
+parser serves v1 and v1beta1.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from sharing_plugin.dra.resources import api_error, resource_class
@@ -32,12 +33,18 @@ class ClaimRef:
 
 @dataclass(frozen=True, slots=True)
 class AllocatedDevice:
-    """One result of a claim's allocation: a device of a driver's pool, for one request."""
+    """One result of a claim's allocation: a device of a driver's pool, for one request.
+
+    `share_id` and `consumed` (capacity name -> quantity) are set for a share of a device
+    that allows several allocations (consumable capacity).
+    """
 
     request: str
     driver: str
     pool: str
     device: str
+    share_id: str | None = None
+    consumed: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,6 +75,8 @@ def claim_from_document(document: Mapping[str, Any]) -> Claim:
                 driver=str(r.get("driver", "")),
                 pool=str(r.get("pool", "")),
                 device=str(r.get("device", "")),
+                share_id=str(r["shareID"]) if r.get("shareID") else None,
+                consumed={str(k): str(v) for k, v in (r.get("consumedCapacity") or {}).items()},
             )
             for r in results
         ),

@@ -28,7 +28,7 @@ from sharing_plugin.errors import AllocationError, KubeApiError
 from sharing_plugin.plan.model import Plan
 from sharing_plugin.views.cdi import cdi_id, claim_spec, spec_file_name
 from sharing_plugin.views.dra import DraDevice
-from sharing_plugin.views.dra_api import PublishedDevice
+from sharing_plugin.views.dra_api import PublishedDevice, quantity_mib
 
 log = logging.getLogger(__name__)
 
@@ -160,16 +160,23 @@ class ClaimPreparer:
         state = self._state()
         if state is None:
             raise AllocationError("no config applied yet: this node has no devices to prepare")
-        requests: dict[str, list[str]] = {}
+        # One answer per device and share (a claim may hold two shares of one device); one CDI
+        # device per device, given what the claim consumes of it in all.
+        shares: dict[tuple[str, str | None], list[str]] = {}
+        consumed: dict[str, int] = {}
         for result in ours:
-            requests.setdefault(result.device, []).append(result.request)
-        devices = [self._device(state, name, ref) for name in requests]
+            shares.setdefault((result.device, result.share_id), []).append(result.request)
+            memory = quantity_mib(result.consumed.get("memory", ""))
+            if memory is not None:
+                consumed[result.device] = consumed.get(result.device, 0) + memory
+        devices = [self._device(state, name, ref) for name in dict.fromkeys(n for n, _ in shares)]
         spec = claim_spec(
             driver=self.driver,
             claim_uid=ref.uid,
             devices=devices,
             plan=state.plan,
             flags=state.flags,
+            consumed_mib=consumed,
         )
         file_name = spec_file_name(self.driver, ref.uid)
         self._specs.write(file_name, spec)
@@ -177,12 +184,13 @@ class ClaimPreparer:
             ref=ref,
             devices=tuple(
                 PreparedDevice(
-                    requests=tuple(requests[d.name]),
+                    requests=tuple(requests),
                     pool=self.pool,
-                    device=d.name,
-                    cdi_ids=(cdi_id(self.driver, ref.uid, d.name),),
+                    device=name,
+                    cdi_ids=(cdi_id(self.driver, ref.uid, name),),
+                    share_id=share_id,
                 )
-                for d in devices
+                for (name, share_id), requests in shares.items()
             ),
             spec_file=file_name,
             published=tuple(d.published() for d in devices),

@@ -2,8 +2,9 @@
 
 Both versions carry the same messages under two protobuf packages; each servicer only
 translates between its version's messages and the preparer's values, so the two can never
-answer differently. The kubelet expects an entry for every claim it sent: a claim that fails
-has its error in its entry, and the call itself never fails for one claim.
+answer differently; v1 also carries the share ID of a share of a device (consumable capacity),
+which v1beta1 has no field for. The kubelet expects an entry for every claim it sent: a claim
+that fails has its error in its entry, and the call itself never fails for one claim.
 """
 
 from __future__ import annotations
@@ -83,6 +84,7 @@ class DraServicerV1(v1_grpc.DRAPluginServicer):
                         pool_name=d.pool,
                         device_name=d.device,
                         cdi_device_ids=d.cdi_ids,
+                        share_id=d.share_id,
                     )
                 )
         return response

@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from sharing_plugin.dra.resources import api_error, generic, resource_class, status_of
-from sharing_plugin.views.dra_api import PublishedDevice, resource_slices
+from sharing_plugin.views.dra_api import PublishedDevice, dropped_features, resource_slices
 
 if TYPE_CHECKING:
     from lightkube import AsyncClient
@@ -47,6 +47,8 @@ class SlicePublisher:
         self._last: tuple[PublishedDevice, ...] | None = None
         self._owner: list[dict[str, Any]] | None = None
         self._started = False
+        self.dropped: frozenset[str] = frozenset()
+        """The features whose fields the server did not keep in the last publish."""
 
     async def start(self) -> None:
         """Read what an earlier run left; find the Node that owns the slices."""
@@ -90,11 +92,14 @@ class SlicePublisher:
         # retried with a newer one, never leaving two different pools under one generation.
         self.generation = generation
         names = set()
+        dropped: set[str] = set()
         for document in documents:
             if self._owner:
                 document["metadata"]["ownerReferences"] = self._owner
-            await self._write(document)
+            stored = await self._write(document)
+            dropped |= dropped_features(document, stored)
             names.add(document["metadata"]["name"])
+        self.dropped = frozenset(dropped)
         for name in sorted(self._names - names):
             await self._delete(name)
         self._names = names
@@ -137,24 +142,25 @@ class SlicePublisher:
             and s.get("spec", {}).get("driver") == self.driver
         ]
 
-    async def _write(self, document: dict[str, Any]) -> None:
+    async def _write(self, document: dict[str, Any]) -> dict[str, Any]:
+        """Create or replace the slice; the object as the server stored it."""
         name = document["metadata"]["name"]
         obj = generic(self.api_version, document)
         try:
             if name in self._names:
                 try:
-                    await self._client.replace(obj)
-                    return
+                    return dict((await self._client.replace(obj)).to_dict())
                 except Exception as exc:
                     if (await status_of(exc) or (0, ""))[0] != 404:
                         raise
                     self._names.discard(name)  # deleted behind our back (the kubelet): create
             try:
-                await self._client.create(obj)
+                return dict((await self._client.create(obj)).to_dict())
             except Exception as exc:
                 if (await status_of(exc) or (0, ""))[0] != 409:
                     raise
-                await self._client.replace(obj)  # left by an earlier run we did not see
+                # Left by an earlier run we did not see.
+                return dict((await self._client.replace(obj)).to_dict())
         except Exception as exc:
             raise await api_error(exc, f"writing ResourceSlice {name}", "update", _PLURAL) from exc
         finally:

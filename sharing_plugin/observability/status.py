@@ -52,6 +52,7 @@ class StatusBoard:
         self._resources: dict[str, ResourceStatus] = {}
         self._mig: dict[str, tuple[MigState, str | None]] = {}
         self._mps: dict[str, dict[str, Any]] = {}
+        self._dra: dict[str, Any] | None = None
 
     # --- config ------------------------------------------------------------------------------
 
@@ -141,6 +142,13 @@ class StatusBoard:
         else:
             self._mps[resource] = dict(daemon)
 
+    # --- DRA ---------------------------------------------------------------------------------
+
+    def set_dra(self, *, shared_devices: str, reason: str | None = None) -> None:
+        """How `run-dra` publishes shared GPUs (`capacity` or `replicas`), and why not as the
+        config asks when it cannot."""
+        self._dra = {"sharedDevices": shared_devices, "reason": reason}
+
     # --- readiness and JSON ------------------------------------------------------------------
 
     def readiness(self) -> tuple[bool, str]:
@@ -182,4 +190,5 @@ class StatusBoard:
                 for gpu, (state, reason) in sorted(self._mig.items())
             },
             "mps": {name: dict(daemon) for name, daemon in sorted(self._mps.items())},
+            **({"dra": dict(self._dra)} if self._dra is not None else {}),
         }

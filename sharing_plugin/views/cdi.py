@@ -10,20 +10,29 @@ pure `allocate`: `NVIDIA_VISIBLE_DEVICES` with the claim's unique physical UUIDs
 `deviceIDStrategy: index`) in request order, and for MPS the pipe directory env var and mounts.
 Every device of the claim carries the whole claim's list: the runtime merges the edits of the
 devices it injects by env name, so whichever it applies last must say the same thing.
+
+An MPS device published by capacity is shared by as many clients as its memory holds shares,
+each granted its own amount by the scheduler: the claim's edits then set that client's MPS
+limits from what it consumes (`consumedCapacity.memory`), so MPS enforces what was granted:
+`CUDA_MPS_PINNED_DEVICE_MEM_LIMIT` (`<ordinal>=<MiB>M` for each such device, by its ordinal
+among the claim's visible devices) and `CUDA_MPS_ACTIVE_THREAD_PERCENTAGE` (the claim's share of
+the device's memory as its share of threads; the smallest where it has several).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
-from sharing_plugin.config.model import DeviceListStrategy, Flags
+from sharing_plugin.config.model import DeviceListStrategy, Flags, SharingKind
 from sharing_plugin.plan.allocate import VISIBLE_DEVICES, allocate, container_ids
 from sharing_plugin.plan.model import Mount, Plan, ResourcePlan, unique
 from sharing_plugin.views.dra import DraDevice
 
 CDI_VERSION: Final = "0.5.0"  # env and mounts only: understood by every CDI-aware runtime
 CDI_CLASS: Final = "claim"
+MPS_PINNED_LIMIT: Final = "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"
+MPS_THREADS: Final = "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"
 
 
 def cdi_kind(driver: str) -> str:
@@ -64,8 +73,10 @@ def claim_spec(
     devices: Sequence[DraDevice],
     plan: Plan,
     flags: Flags,
+    consumed_mib: Mapping[str, int] | None = None,
 ) -> dict[str, Any]:
-    """The CDI spec for a claim that was allocated `devices` (in the claim's result order).
+    """The CDI spec for a claim that was allocated `devices` (in the claim's result order);
+    `consumed_mib` is the memory it consumes of each device published by capacity, by name.
 
     Raises `AllocationError` where Allocate would refuse the same devices (a resource with
     `failRequestsGreaterThanOne` and more than one of its replicas in one claim).
@@ -86,16 +97,36 @@ def claim_spec(
         answer = allocate(known, [d.device.id for d in group], envvar)
         envs = {k: v for k, v in answer.envs.items() if k != VISIBLE_DEVICES}
         extra[name] = (envs, answer.mounts)
-    visible = ",".join(
-        unique(container_ids([d.device for d in devices], flags.plugin.device_id_strategy))
-    )
+    ids = unique(container_ids([d.device for d in devices], flags.plugin.device_id_strategy))
+    limits = _mps_limits(devices, ids, flags, consumed_mib or {})
     cdi_devices = []
     for d in devices:
         envs, mounts = extra[d.resource]
         edits: dict[str, Any] = {
-            "env": [f"{VISIBLE_DEVICES}={visible}", *(f"{k}={v}" for k, v in envs.items())]
+            "env": [
+                f"{VISIBLE_DEVICES}={','.join(ids)}",
+                *(f"{k}={v}" for k, v in {**envs, **limits}.items()),
+            ]
         }
         if mounts:
             edits["mounts"] = [_mount(m) for m in mounts]
         cdi_devices.append({"name": cdi_device_name(claim_uid, d.name), "containerEdits": edits})
     return {"cdiVersion": CDI_VERSION, "kind": cdi_kind(driver), "devices": cdi_devices}
+
+
+def _mps_limits(
+    devices: Sequence[DraDevice], ids: Sequence[str], flags: Flags, consumed: Mapping[str, int]
+) -> dict[str, str]:
+    """The MPS client limits of a claim's MPS devices published by capacity (module doc)."""
+    pinned: list[str] = []
+    percents: list[int] = []
+    for d in devices:
+        mib = consumed.get(d.name)
+        if d.shares is None or d.sharing != SharingKind.MPS.value or mib is None:
+            continue
+        (own,) = container_ids([d.device], flags.plugin.device_id_strategy)
+        pinned.append(f"{ids.index(own)}={mib}M")
+        percents.append(max(1, min(100, mib * 100 // max(d.memory_mib, 1))))
+    if not pinned:
+        return {}
+    return {MPS_PINNED_LIMIT: ",".join(pinned), MPS_THREADS: str(min(percents))}

@@ -21,6 +21,7 @@ import hashlib
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from decimal import Decimal
 from typing import Any, Final
 
 RESOURCE_GROUP: Final = "resource.k8s.io"
@@ -79,6 +80,31 @@ def memory_quantity(mib: int) -> str:
     if mib and mib % 1024 == 0:
         return f"{mib // 1024}Gi"
     return f"{mib}Mi"
+
+
+_QUANTITY = re.compile(r"^([0-9]+(?:\.[0-9]+)?)(Ki|Mi|Gi|Ti|Pi|k|M|G|T|P)?$")
+_UNIT = {
+    "Ki": 1 << 10,
+    "Mi": 1 << 20,
+    "Gi": 1 << 30,
+    "Ti": 1 << 40,
+    "Pi": 1 << 50,
+    "k": 10**3,
+    "M": 10**6,
+    "G": 10**9,
+    "T": 10**12,
+    "P": 10**15,
+}
+
+
+def quantity_mib(text: str) -> int | None:
+    """A memory quantity the API server wrote (`20Gi`, `21474836480`: bytes without a unit) in
+    whole MiB, rounded down; None when it is not one."""
+    match = _QUANTITY.match(text.strip())
+    if match is None:
+        return None
+    number, unit = match.groups()
+    return int(Decimal(number) * _UNIT.get(unit or "", 1)) >> 20
 
 
 @dataclass(frozen=True, slots=True)
@@ -339,3 +365,34 @@ def device_class(resource: str, driver: str, *, api_version: str = V1) -> dict[s
         "metadata": {"name": device_class_name(resource, driver)},
         "spec": {"selectors": [{"cel": {"expression": class_selector(resource, driver)}}]},
     }
+
+
+CONSUMABLE_CAPACITY: Final = "DRAConsumableCapacity"
+PARTITIONABLE_DEVICES: Final = "DRAPartitionableDevices"
+DEVICE_TAINTS: Final = "DRADeviceTaints"
+
+
+def dropped_features(sent: Mapping[str, Any], stored: Mapping[str, Any]) -> frozenset[str]:
+    """The features (their feature gates' names) whose fields a slice we wrote carried and the
+    API server did not keep: a server with a feature's gate off drops its fields on write,
+    silently, and stores the rest."""
+    dropped: set[str] = set()
+    if sent["spec"].get("sharedCounters") and not stored.get("spec", {}).get("sharedCounters"):
+        dropped.add(PARTITIONABLE_DEVICES)
+    kept = {d.get("name"): d for d in stored.get("spec", {}).get("devices") or ()}
+    for device in sent["spec"].get("devices") or ():
+        ours = device.get("basic", device)
+        theirs = kept.get(device["name"]) or {}
+        theirs = theirs.get("basic", theirs)
+        if ours.get("allowMultipleAllocations") and not theirs.get("allowMultipleAllocations"):
+            dropped.add(CONSUMABLE_CAPACITY)
+        for name, capacity in (ours.get("capacity") or {}).items():
+            if "requestPolicy" in capacity and "requestPolicy" not in (
+                (theirs.get("capacity") or {}).get(name) or {}
+            ):
+                dropped.add(CONSUMABLE_CAPACITY)
+        if ours.get("consumesCounters") and not theirs.get("consumesCounters"):
+            dropped.add(PARTITIONABLE_DEVICES)
+        if ours.get("taints") and not theirs.get("taints"):
+            dropped.add(DEVICE_TAINTS)
+    return frozenset(dropped)

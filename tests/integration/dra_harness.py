@@ -47,6 +47,10 @@ class DraRun:
     def slices(self) -> list[dict[str, Any]]:
         return [s for s in self.api.dra_objects("resourceslices") if s["spec"]["driver"] == DRIVER]
 
+    def devices(self) -> list[dict[str, Any]]:
+        """The devices of the node's slices, as the API server stored them."""
+        return [d for s in self.slices() for d in s["spec"].get("devices") or ()]
+
     def device_names(self) -> list[str]:
         return [d["name"] for s in self.slices() for d in s["spec"]["devices"]]
 

@@ -7,6 +7,7 @@ import asyncio
 import json
 from pathlib import Path
 
+import pytest
 from daemon_harness import append_fault, node_file
 from dra_harness import DRIVER, NODE, dra_running, foreign_claim
 from kube_api import FakeKubeApi
@@ -72,6 +73,23 @@ async def test_a_shared_gpu_is_published_as_one_device_whose_memory_claims_consu
         }
         assert "replica" not in device["attributes"]
         assert run.daemon.status.to_json()["resources"][SHARED]["devices"] == 8
+
+
+async def test_a_server_that_drops_the_capacity_fields_gets_one_device_per_replica(
+    short_dir: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    async with FakeKubeApi() as api:
+        # A 1.34-1.35 server with the consumable-capacity gate off: it stores the slices
+        # without the fields, silently. The plugin reads them back and publishes replicas.
+        api.dra_features_off = frozenset({"DRAConsumableCapacity"})
+        async with dra_running(short_dir, shared(4, by="capacity"), api=api) as run:
+            await run.published(32)
+            assert all("allowMultipleAllocations" not in d for d in run.devices())
+            dra = run.daemon.status.to_json()["dra"]
+            assert dra["sharedDevices"] == "replicas"
+            assert "DRAConsumableCapacity" in dra["reason"]
+    said = [r.getMessage() for r in caplog.records if "one device per replica" in r.getMessage()]
+    assert len(said) == 1  # said once, not at every publish
 
 
 async def test_allocate_prepare_cdi_spec_and_unprepare(short_dir: Path) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 from typing import Any
 
@@ -29,7 +30,9 @@ from sharing_plugin.views.dra_api import (
     PublishedDevice,
     device_class_name,
     dns_label,
+    dropped_features,
     memory_quantity,
+    quantity_mib,
     resource_slices,
 )
 
@@ -466,3 +469,32 @@ def test_dra_documents_publish_by_capacity_in_v1_and_by_replica_in_v1beta1() -> 
     )
     docs = dra_documents(by_replica, plan_node(by_replica, inventory, as_is=True), "n", DRIVER)
     assert slice_devices(docs) == [f"{GPU0}-r0", f"{GPU0}-r1"]
+
+
+def test_api_memory_quantities_in_mib() -> None:
+    assert quantity_mib("20Gi") == 20480
+    assert quantity_mib("27306Mi") == 27306
+    assert quantity_mib(str(20 * 1024**3)) == 20480  # bytes, as the API may write them
+    assert quantity_mib("1.5Gi") == 1536
+    assert quantity_mib("16G") == 15258
+    assert quantity_mib("lots") is None and quantity_mib("") is None
+
+
+def test_the_features_a_server_did_not_keep_are_named() -> None:
+    inventory = node(gpu(0))
+    shared = published((time_slicing({"name": "gpu", "replicas": 2}), inventory), CAPACITY)
+    device = next(iter(shared.values()))
+    tainted = PublishedDevice(
+        "t", {}, {}, consumes={"gpu-0": {"memory-slice-0": 1}}, taints=(DeviceTaint("k", "v"),)
+    )
+    (sent,) = resource_slices([device, tainted], node_name="n", driver=DRIVER, generation=1)
+    assert dropped_features(sent, sent) == frozenset()
+    stored = json.loads(json.dumps(sent))
+    for d in stored["spec"]["devices"]:
+        d.pop("allowMultipleAllocations", None)
+        d.pop("taints", None)
+        for c in d["capacity"].values():
+            c.pop("requestPolicy", None)
+    assert dropped_features(sent, stored) == {"DRAConsumableCapacity", "DRADeviceTaints"}
+    stored["spec"]["devices"][1].pop("consumesCounters")
+    assert "DRAPartitionableDevices" in dropped_features(sent, stored)

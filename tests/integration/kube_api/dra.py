@@ -36,6 +36,10 @@ class DraResources(ObjectStore):
 
     # The versions of resource.k8s.io served, newest first: ("v1beta1",) plays Kubernetes 1.32.
     dra_versions: tuple[str, ...] = ("v1", "v1beta1")
+    # Feature gates that are off: like kube-apiserver, the fields of a disabled feature are
+    # dropped from a ResourceSlice on write, silently (checked on the real 1.36 server with
+    # DRAConsumableCapacity=false: allowMultipleAllocations and requestPolicy vanish).
+    dra_features_off: frozenset[str] = frozenset()
 
     # -- objects, from the test's side
 
@@ -241,9 +245,38 @@ class DraResources(ObjectStore):
         }
         dra_validate(kind, body, version)
         obj = to_v1(kind, body, version)
+        if kind.kind == "ResourceSlice":
+            obj = _without_disabled_fields(obj, self.dra_features_off)
         if query.get("dryRun") != "All":
             stored = self._commit(kind, namespace, name, obj)
             assert stored is not None
             obj = stored
         await respond(writer, code, from_v1(kind, obj, version))
         return True
+
+
+_FIELDS_OF = {
+    "DRAConsumableCapacity": ("allowMultipleAllocations", "requestPolicy"),
+    "DRAPartitionableDevices": ("consumesCounters", "sharedCounters"),
+    "DRADeviceTaints": ("taints",),
+}
+
+
+def _without_disabled_fields(obj: dict[str, Any], off: frozenset[str]) -> dict[str, Any]:
+    """A v1 ResourceSlice with the fields of the features in `off` removed."""
+    fields = {f for feature in off for f in _FIELDS_OF.get(feature, ())}
+    if not fields:
+        return obj
+    spec = {k: v for k, v in obj["spec"].items() if k not in fields}
+    devices = []
+    for device in spec.get("devices") or ():
+        device = {k: v for k, v in device.items() if k not in fields}
+        if "capacity" in device:
+            device["capacity"] = {
+                name: {k: v for k, v in c.items() if k not in fields}
+                for name, c in device["capacity"].items()
+            }
+        devices.append(device)
+    if "devices" in spec:
+        spec["devices"] = devices
+    return {**obj, "spec": spec}
