@@ -25,6 +25,13 @@ MPS_FLAGS: tuple[Flag, ...] = (
         "nvidia-cuda-mps-control",
         "the MPS control binary (a name is looked up on PATH)",
     ),
+    (
+        "--limits-from",
+        "MPS_LIMITS_FROM",
+        "config",
+        "config (each daemon limits its clients) or claims (run-dra: each claim's CDI edits "
+        "limit its client; the daemons set none)",
+    ),
 )
 # Metrics and health are served by `run`, in the same pod and network namespace.
 FLAGS: tuple[Flag, ...] = (*SOURCE_FLAGS, *LOG_FLAGS, *MPS_FLAGS)
@@ -44,7 +51,13 @@ def mps_options(args: argparse.Namespace) -> MpsControlOptions:
 
     if not args.mps_control_bin:
         raise ValueError("--mps-control-bin must name a binary")
-    return MpsControlOptions(source=source_options(args), control_bin=args.mps_control_bin)
+    if args.limits_from not in ("config", "claims"):
+        raise ValueError(f"--limits-from must be config or claims (got {args.limits_from!r})")
+    return MpsControlOptions(
+        source=source_options(args),
+        control_bin=args.mps_control_bin,
+        limits_from_claims=args.limits_from == "claims",
+    )
 
 
 def _controller(options: MpsControlOptions) -> MpsController:

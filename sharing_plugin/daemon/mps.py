@@ -43,6 +43,8 @@ class MpsControlOptions:
 
     source: SourceOptions = field(default_factory=SourceOptions)
     control_bin: str = "nvidia-cuda-mps-control"
+    # DRA mode: each client's limits come from its claim (CDI edits), not the daemon's defaults.
+    limits_from_claims: bool = False
     timing: KeeperTiming = field(default_factory=KeeperTiming)
     recheck_s: float = 2.0  # how often PodResources is asked while a change waits for pods
 
@@ -98,7 +100,10 @@ class MpsController(NodeService):
 
     async def apply(self, applied: Applied) -> Served:
         async with self._lock:
-            self._wanted = {d.resource: d for d in applied.plan.mps}
+            self._wanted = {
+                d.resource: d.for_claims() if self.options.limits_from_claims else d
+                for d in applied.plan.mps
+            }
         await self._reconcile()
         return Served(f"MPS daemons for {', '.join(self._wanted) or 'no resource'}")
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from sharing_plugin.config.model import MpsResource, ReplicatedResource
@@ -92,6 +92,16 @@ class MpsDaemon:
     def gpus(self) -> tuple[str, ...]:
         """`CUDA_VISIBLE_DEVICES`, in order: device ordinal i is `gpus[i]`."""
         return tuple(d.uuid for d in self.devices)
+
+    def for_claims(self) -> MpsDaemon:
+        """This daemon with no per-client limit of its own (every thread, every device's whole
+        memory), for clients that bring their own: in DRA mode each claim's CDI edits set its
+        client's limits from what the scheduler granted it."""
+        return replace(
+            self,
+            devices=tuple(replace(d, pinned_memory_mib=d.memory_mib) for d in self.devices),
+            active_thread_percentage=100,
+        )
 
     def limits(self) -> dict[str, Any]:
         """The limits as `/status` and the daemon's state file show them."""

@@ -114,6 +114,7 @@ async def controller(
     gpus: str,
     kubelet_dir: Path | None = None,
     timing: KeeperTiming = FAST,
+    limits_from_claims: bool = False,
 ) -> AsyncIterator[MpsController]:
     options = MpsControlOptions(
         source=SourceOptions(
@@ -121,6 +122,7 @@ async def controller(
         ),
         control_bin=str(binary),
         timing=timing,
+        limits_from_claims=limits_from_claims,
         recheck_s=0.05,
     )
     async with MpsController(

@@ -61,6 +61,20 @@ async def test_starts_one_daemon_with_the_reference_limits(
         assert (resource_root(mps_root) / "log" / "control.log").exists()
 
 
+async def test_for_dra_claims_the_daemon_limits_no_client_itself(
+    short_dir: Path, binary: Path, gpus: str
+) -> None:
+    mps_root = short_dir / "mps"
+    config = short_dir / "config.yaml"
+    config.write_text(mps_config(mps_root, replicas=4))
+    async with controller(config, binary, gpus=gpus, limits_from_claims=True):
+        found = await eventually_record(mps_root, lambda r: r.state is DaemonState.READY)
+        # Each DRA client brings the limits of what its claim was granted (its CDI edits):
+        # the daemon leaves every thread and each device's whole memory to them.
+        assert limits_of(binary, pipe_of(mps_root), 2) == ("100.0", ["40960M", "81920M"])
+        assert found.limits["activeThreadPercentage"] == 100
+
+
 async def test_a_dead_daemon_is_restarted(short_dir: Path, binary: Path, gpus: str) -> None:
     mps_root = short_dir / "mps"
     config = short_dir / "config.yaml"

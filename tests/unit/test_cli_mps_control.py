@@ -34,6 +34,18 @@ def test_the_binary_comes_from_the_env_or_the_flag(monkeypatch: pytest.MonkeyPat
     assert mps_options(flag).control_bin == "/x"
 
 
+def test_limits_come_from_the_config_unless_told_from_claims(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.delenv("MPS_LIMITS_FROM", raising=False)
+    assert mps_options(parse([])).limits_from_claims is False
+    assert mps_options(parse(["--limits-from", "claims"])).limits_from_claims is True
+    monkeypatch.setenv("MPS_LIMITS_FROM", "claims")
+    assert mps_options(parse([])).limits_from_claims is True
+    assert main(["mps-control", "--limits-from", "pods"]) == EXIT_USAGE
+    assert "--limits-from must be config or claims (got 'pods')" in capsys.readouterr().err
+
+
 def test_no_metrics_flag_the_plugin_serves_them() -> None:
     with pytest.raises(SystemExit):
         parse(["--metrics-address", "off"])
