@@ -139,6 +139,7 @@ def fleet_json(view: FleetView) -> dict[str, Any]:
                         "devices": r.devices,
                         "physical": r.physical,
                         "sharing": r.sharing,
+                        "dra": {"devices": r.dra_devices, "claims": r.dra_claims},
                     }
                     for r in n.resources
                 ],
@@ -192,9 +193,11 @@ def fleet_table(view: FleetView) -> str:
     totals = view.totals()
     width = max((len(t["name"]) for t in totals), default=0)
     for t in totals:
+        dra = t["dra"]
         lines.append(
             f"  {t['name'].ljust(width)}  {t['devices']:>8,} devices  {t['physical']:>6,} physical"
-            f"  on {t['nodes']:,} node(s)"
+            f"  on {t['nodes']:,} node(s); DRA: {dra['devices']:,} devices, "
+            f"{dra['claims']:,} claims"
         )
     if not totals:
         lines.append("  nothing advertised")

@@ -21,11 +21,14 @@ from enum import StrEnum
 from typing import Any
 
 from sharing_plugin.config.loader import LoadedConfig, select
+from sharing_plugin.config.model import Config
 from sharing_plugin.config.names import DEFAULT_CONFIG_LABEL
-from sharing_plugin.errors import ConfigError, SharingPluginError
+from sharing_plugin.errors import ConfigError, PlanError, SharingPluginError
 from sharing_plugin.fleet.from_labels import NodeLabelsError, node_inventory
 from sharing_plugin.gpus.inventory import Inventory
+from sharing_plugin.plan.model import Plan
 from sharing_plugin.plan.node import plan_node
+from sharing_plugin.views.dra import dra_devices
 from sharing_plugin.views.labels import owns
 
 __all__ = [
@@ -52,12 +55,16 @@ class NodeStatus(StrEnum):
 
 @dataclass(frozen=True, slots=True)
 class ResourceCount:
-    """One resource a node would advertise: devices kubelet sees, physical devices behind."""
+    """One resource a node would advertise: devices kubelet sees, physical devices behind, and
+    what `run-dra` would publish of it (DRA devices, as the config's `dra.sharedDevices` says on
+    a 1.34+ cluster, and how many claims that ask nothing fit on them)."""
 
     name: str
     devices: int
     physical: int
     sharing: str
+    dra_devices: int = 0
+    dra_claims: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,13 +103,21 @@ class FleetView:
         sums: dict[str, list[int]] = {}
         for node in self.nodes:
             for r in node.resources:
-                row = sums.setdefault(r.name, [0, 0, 0])
+                row = sums.setdefault(r.name, [0, 0, 0, 0, 0])
                 row[0] += r.devices
                 row[1] += r.physical
                 row[2] += 1
+                row[3] += r.dra_devices
+                row[4] += r.dra_claims
         return [
-            {"name": name, "devices": d, "physical": p, "nodes": n}
-            for name, (d, p, n) in sorted(sums.items())
+            {
+                "name": name,
+                "devices": d,
+                "physical": p,
+                "nodes": n,
+                "dra": {"devices": dra, "claims": claims},
+            }
+            for name, (d, p, n, dra, claims) in sorted(sums.items())
         ]
 
 
@@ -143,8 +158,15 @@ def _planned(
     except ConfigError as exc:  # PlanError: the config does not fit this node
         errors = tuple(str(loaded.place(p)) for p in exc.problems)
         return NodeResult(name, NodeStatus.ERROR, config_name, gpus, errors=errors)
+    dra = _dra_counts(loaded.config, node.plan, inventory)
     resources = tuple(
-        ResourceCount(r.name, len(r.devices), len({d.physical for d in r.devices}), r.sharing.value)
+        ResourceCount(
+            r.name,
+            len(r.devices),
+            len({d.physical for d in r.devices}),
+            r.sharing.value,
+            *dra.get(r.name, (0, 0)),
+        )
         for r in node.plan.resources
         if r.devices
     )
@@ -160,6 +182,19 @@ def _planned(
         warnings=node.warnings,
         errors=errors,
     )
+
+
+def _dra_counts(config: Config, plan: Plan, inventory: Inventory) -> dict[str, tuple[int, int]]:
+    """Resource -> (DRA devices, claims asking nothing that fit), as `run-dra` would publish."""
+    try:
+        devices = dra_devices(plan, inventory, shared=config.dra.shared_devices)
+    except PlanError:  # what the API cannot carry: run-dra would refuse the config
+        return {}
+    counts: dict[str, tuple[int, int]] = {}
+    for d in devices:
+        published, claims = counts.get(d.resource, (0, 0))
+        counts[d.resource] = (published + 1, claims + (d.shares.count if d.shares else 1))
+    return counts
 
 
 Shape = tuple[tuple[str, str], ...]

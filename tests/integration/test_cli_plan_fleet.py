@@ -191,12 +191,25 @@ def test_fleet_json(files: tuple[Path, Path], capsys: pytest.CaptureFixture[str]
     }
     a100 = by_name["a100-1"]
     assert a100["config"] == "ts-4"
+    # By capacity in DRA mode: one device per GPU, on which 32 claims asking nothing fit.
     assert a100["resources"] == [
-        {"name": "nvidia.com/gpu.ts", "devices": 32, "physical": 8, "sharing": "time-slicing"}
+        {
+            "name": "nvidia.com/gpu.ts",
+            "devices": 32,
+            "physical": 8,
+            "sharing": "time-slicing",
+            "dra": {"devices": 8, "claims": 32},
+        }
     ]
     assert by_name["t4-1"]["config"] == "default"
     assert by_name["t4-1"]["resources"] == [
-        {"name": "nvidia.com/gpu", "devices": 4, "physical": 4, "sharing": "none"}
+        {
+            "name": "nvidia.com/gpu",
+            "devices": 4,
+            "physical": 4,
+            "sharing": "none",
+            "dra": {"devices": 4, "claims": 4},
+        }
     ]
     # GPUs 2 and 3 are not there, each at its entry in the manifest, as `plan --gpus` says.
     assert by_name["t4-small"]["errors"] == [
@@ -208,8 +221,20 @@ def test_fleet_json(files: tuple[Path, Path], capsys: pytest.CaptureFixture[str]
     assert doc["totals"] == {
         "nodes": {"total": 4, "planned": 2, "error": 1, "skipped": 1},
         "resources": [
-            {"name": "nvidia.com/gpu", "devices": 4, "physical": 4, "nodes": 1},
-            {"name": "nvidia.com/gpu.ts", "devices": 32, "physical": 8, "nodes": 1},
+            {
+                "name": "nvidia.com/gpu",
+                "devices": 4,
+                "physical": 4,
+                "nodes": 1,
+                "dra": {"devices": 4, "claims": 4},
+            },
+            {
+                "name": "nvidia.com/gpu.ts",
+                "devices": 32,
+                "physical": 8,
+                "nodes": 1,
+                "dra": {"devices": 8, "claims": 32},
+            },
         ],
     }
     # The configs' notes on stderr, as validate prints them; stdout stays JSON.
@@ -331,6 +356,7 @@ def test_a_declared_layout_plans_alike_from_the_node_and_from_its_labels(
             "devices": len(r["devices"]),
             "physical": len(r["devices"]),
             "sharing": r["sharing"],
+            "dra": {"devices": len(r["devices"]), "claims": len(r["devices"])},
         }
         for r in planned["resources"]
     ]

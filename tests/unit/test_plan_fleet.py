@@ -194,8 +194,10 @@ def test_generated_cluster_every_node_as_expected_and_totals_add_up() -> None:
         for name, (devices, physical) in want.items():
             row = totals.setdefault(name, [0, 0, 0])
             row[0], row[1], row[2] = row[0] + devices, row[1] + physical, row[2] + 1
+    # In DRA mode (by capacity, as no config says otherwise) a node publishes one device per
+    # physical device, on which as many claims that ask nothing fit as it has replicas.
     assert view.totals() == [
-        {"name": name, "devices": d, "physical": p, "nodes": n}
+        {"name": name, "devices": d, "physical": p, "nodes": n, "dra": {"devices": p, "claims": d}}
         for name, (d, p, n) in sorted(totals.items())
     ]
     skipped = sum(1 for pair in chosen if EXPECTED[pair] == SKIPPED)
@@ -242,7 +244,13 @@ def test_json_document_and_table() -> None:
         "reason",
     }
     assert first["resources"] == [
-        {"name": "nvidia.com/gpu", "devices": 8, "physical": 8, "sharing": "none"}
+        {
+            "name": "nvidia.com/gpu",
+            "devices": 8,
+            "physical": 8,
+            "sharing": "none",
+            "dra": {"devices": 8, "claims": 8},
+        }
     ]
     assert first["gpus"] == "8x NVIDIA A100-SXM4-40GB"
     assert out["totals"]["resources"] == view.totals()
@@ -535,3 +543,17 @@ def test_mig_gpus_rebuilt_from_labels_wait_for_no_mode_change() -> None:
     assert [line for line in result.mig if line.strip() == "disable MIG mode"] == [
         "  disable MIG mode"
     ] * 2
+
+
+def test_dra_counts_follow_the_configs_shared_devices() -> None:
+    text = (
+        "version: v1\n{dra}sharing:\n  timeSlicing:\n    resources:\n"
+        "      - name: nvidia.com/gpu\n        replicas: 4\n"
+    )
+    node = {"metadata": {"name": "t4-0", "labels": KINDS["t4"]}}
+    for dra, devices in (("", 4), ("dra:\n  sharedDevices: replicas\n", 16)):
+        named = parse_configs(text.format(dra=dra), file="c.yaml")
+        (result,) = fleet_view({"kind": "List", "items": [node]}, named).nodes
+        (resource,) = result.resources
+        assert (resource.devices, resource.physical) == (16, 4)
+        assert (resource.dra_devices, resource.dra_claims) == (devices, 16)
