@@ -67,7 +67,7 @@ from plugin_process import PluginProcess  # noqa: E402
 from sharing_plugin.backends import backend_from_spec  # noqa: E402
 from sharing_plugin.config.names import DEFAULT_CONFIG_LABEL as DEFAULT_LABEL  # noqa: E402
 from sharing_plugin.daemon.app import Daemon  # noqa: E402
-from sharing_plugin.daemon.options import RunOptions  # noqa: E402
+from sharing_plugin.daemon.options import RunOptions, SourceOptions  # noqa: E402
 from sharing_plugin.sim.kubelet.simulator import KubeletSimulator  # noqa: E402
 from sharing_plugin.sources.kube import client_from_kubeconfig  # noqa: E402
 
@@ -179,7 +179,7 @@ async def bench_reload_swap(rounds: int) -> list[float]:
     work = short_dir("bd")
     try:
         volume = ConfigMapVolume(work / "cm", {"default": TEXT.format(4)})
-        options = RunOptions(config_path=work / "cm", gpus=PRESET, kubelet_dir=work)
+        options = RunOptions(SourceOptions(config_path=work / "cm", gpus=PRESET, kubelet_dir=work))
         async with (
             KubeletSimulator(work) as kubelet,
             Daemon(options, nvml=backend_from_spec(PRESET)),
@@ -199,7 +199,9 @@ async def bench_reload_label(rounds: int) -> list[float]:
     work = short_dir("bd")
     try:
         ConfigMapVolume(work / "cm", {"four": TEXT.format(4), "five": TEXT.format(5)})
-        options = RunOptions(config_path=work / "cm", gpus=PRESET, kubelet_dir=work, node_name=NODE)
+        options = RunOptions(
+            SourceOptions(config_path=work / "cm", gpus=PRESET, kubelet_dir=work, node_name=NODE)
+        )
         async with FakeKubeApi() as api:
             api.put_node(NODE, {DEFAULT_LABEL: "four"})
             client = client_from_kubeconfig(api.kubeconfig(work / "kubeconfig"))
@@ -229,7 +231,9 @@ async def bench_reload_configmap_api(rounds: int) -> list[float]:
     work = short_dir("bd")
     try:
         options = RunOptions(
-            gpus=PRESET, kubelet_dir=work, node_name=NODE, config_map=("kube-system", "gpu")
+            SourceOptions(
+                gpus=PRESET, kubelet_dir=work, node_name=NODE, config_map=("kube-system", "gpu")
+            )
         )
         async with FakeKubeApi() as api:
             api.put_node(NODE, {})

@@ -47,9 +47,10 @@ from lightkube.resources.core_v1 import ConfigMap, Namespace, Node  # noqa: E402
 from lightkube.types import PatchType  # noqa: E402
 
 from sharing_plugin.config.names import DEFAULT_CONFIG_LABEL as DEFAULT_LABEL  # noqa: E402
-from sharing_plugin.sources.filewatch import ConfigSource, ConfigUpdate  # noqa: E402
+from sharing_plugin.sources.filewatch import ConfigSource  # noqa: E402
 from sharing_plugin.sources.kube import client_from_kubeconfig  # noqa: E402
 from sharing_plugin.sources.nodelabel import NodeLabelWatcher  # noqa: E402
+from sharing_plugin.sources.update import ConfigUpdate, Trigger  # noqa: E402
 
 NODE = "bench-node"
 TEXT = (
@@ -118,7 +119,7 @@ async def bench_label(root: Path, rounds: int) -> list[float]:
 
         consumer = asyncio.create_task(consume(), name="bench-consumer")
         label_task = asyncio.create_task(
-            watcher.run(lambda _: source.trigger("label changed")), name="bench-label"
+            watcher.run(lambda _: source.trigger(Trigger.LABEL_CHANGED)), name="bench-label"
         )
         await api.wait_watches(1)
         samples = []

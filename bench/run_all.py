@@ -58,6 +58,8 @@ BENCHMARKS = (
     Benchmark("bench_fleet.py", (), 60),
     # 60 s idle window, as issue 17 measures it; ~100 s in all on 2 cores.
     Benchmark("bench_daemon.py", ("--rounds", "50", "--runs", "5", "--idle-s", "60"), 240),
+    # Five fresh realdra136 + run-dra starts and 33 allocations: ~5 s.
+    Benchmark("bench_dra.py", ("--rounds", "5"), 60),
 )
 
 # Figures the quality bars ask for that no code exists to measure yet: a row each, saying so.
