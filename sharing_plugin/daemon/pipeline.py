@@ -54,6 +54,7 @@ log = logging.getLogger(__name__)
 _LABEL_FETCH_TIMEOUT_S = 5.0
 _FOLLOW_BACKOFF_S = (0.2, 10.0)
 _CLEAR_TIMEOUT_S = 1.0
+_FLUSH_TIMEOUT_S = 1.0
 
 HeldBy = Callable[[], Awaitable[Mapping[str, Holder] | None]]
 """Which MIG devices are held, and by whom (None: unknown): PodResources for `run`, prepared
@@ -181,6 +182,12 @@ class NodePipeline:
             self.source.stop()
         await self._labels.close()
         reporter = self.reports.node.reporter
+        if reporter is not None:
+            # What was reported last (a rejected edit's state label, its event) is still being
+            # written in the background: let it finish, within a bound, before the tasks stop.
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(_FLUSH_TIMEOUT_S):
+                    await reporter.flush()
         if reporter is not None and self._node_report and self._node_report.clear_labels_on_exit:
             try:
                 async with asyncio.timeout(_CLEAR_TIMEOUT_S):

@@ -129,3 +129,19 @@ async def test_node_status_off_writes_nothing_to_the_node(short_dir: Path) -> No
         await eventually(lambda: api.open_watches >= 1)
     assert reasons(api) == [] and node_state(api) == (None, None)
     assert not [r for r in api.requests if r.method in ("PATCH", "POST")]
+
+
+async def test_a_state_written_just_before_sigterm_still_reaches_the_node(short_dir: Path) -> None:
+    """The config-state label and events go out in the background; a stop right after a
+    rejected edit must not cut the write off (the last state would be lost)."""
+    async with on_api(short_dir, {"default": sliced(2)}) as (api, run):
+        reporter = run.daemon.pipeline.reports.node.reporter
+        assert reporter is not None
+        await reporter.flush()
+        assert node_state(api)[0] == "success"
+        api.patch_delay_s = 0.3  # an API server slow to answer, as under load
+        with run.daemon.pipeline.outcomes() as outcomes:
+            api.put_configmap(NS, CM, {"default": sliced(0)})
+            await outcomes.rejected()
+        run.daemon.request_stop()  # what SIGTERM does; the harness then closes the daemon
+    assert node_state(api)[0] == "failed"

@@ -47,6 +47,7 @@ class FakeKubeApi(CoreResources, DraResources):
         self._tokens = dict(tokens) if tokens is not None else None
         self.requests: list[Request] = []
         self.request_seen = asyncio.Event()  # set at every request; clear it to wait again
+        self.patch_delay_s = 0.0  # PATCH answers wait this long (a slow API server)
         self._server: asyncio.Server | None = None
         self._port: int | None = None
         self._closing = False
@@ -194,6 +195,8 @@ class FakeKubeApi(CoreResources, DraResources):
                 body = json.loads(raw)
         self.requests.append(Request(method, path, query, headers, body))
         self.request_seen.set()
+        if method == "PATCH" and self.patch_delay_s:
+            await asyncio.sleep(self.patch_delay_s)  # a slow API server, as under load
         try:
             perms = self._authenticate(headers)
             segments = path.strip("/").split("/")
