@@ -106,12 +106,13 @@ class DraDevice:
         if self.shares is None:
             return Capacity(total)
         share = memory_quantity(self.shares.mib)
+        # The API wants min + step within the value: one share alone has no step.
         return Capacity(
             total,
             default=share,
             minimum=share,
             maximum=memory_quantity(self.shares.mib * self.shares.count),
-            step=share,
+            step=share if self.shares.count > 1 else None,
         )
 
     def published(self, taint: DeviceTaint | None = None) -> PublishedDevice:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from typing import Any
@@ -332,6 +333,21 @@ def test_a_share_that_does_not_divide_the_memory_keeps_whole_shares_within_it() 
     assert document["allowMultipleAllocations"] is True
 
 
+def test_one_share_alone_has_no_step() -> None:
+    # memoryPerReplica 10Gi on a 15 GiB T4: one client; min + step would pass the capacity
+    # (the real API server refuses that).
+    inventory = node(dataclasses.replace(gpu(0, product=T4), memory_mib=15360))
+    cfg = mps({"name": "gpu", "memoryPerReplica": "10Gi"})
+    (device,) = published((cfg, inventory), CAPACITY).values()
+    assert device.capacity["memory"] == Capacity(
+        "15Gi", default="10Gi", minimum="10Gi", maximum="10Gi"
+    )
+    assert device.document(V1)["capacity"]["memory"]["requestPolicy"]["validRange"] == {
+        "min": "10Gi",
+        "max": "10Gi",
+    }
+
+
 def test_mps_memory_per_replica_sets_the_share() -> None:
     inventory = node(gpu(0))
     cfg = mps({"name": "gpu", "memoryPerReplica": "10Gi"})
@@ -375,6 +391,19 @@ def test_by_capacity_every_physical_device_is_one_dra_device_and_the_shares_fit(
         # At most `replicas` claims that ask nothing fit, and never more memory than there is.
         assert d.shares.count == count and d.shares.mib * count <= d.memory_mib
         assert d.memory_mib // d.shares.mib >= count
+        # What the API server checks of a request policy (kube-apiserver 1.36's validation):
+        # default within the range, max a whole number of steps from min, min + step within
+        # the capacity's value.
+        memory = d.capacity()
+        value, default, low, high = (
+            quantity_mib(q or "")
+            for q in (memory.value, memory.default, memory.minimum, memory.maximum)
+        )
+        assert None not in (value, default, low, high)
+        assert low <= default <= high <= value  # type: ignore[operator]
+        if memory.step is not None:
+            step = quantity_mib(memory.step)
+            assert step and (high - low) % step == 0 and low + step <= value  # type: ignore[operator]
 
 
 def test_unhealthy_devices_stay_published_with_their_gpus_taint() -> None:
