@@ -2,8 +2,9 @@
 
 A node description is a small YAML file (or one of the built-in presets) that the simulated NVML
 impersonates. It is parsed strictly, like the config: unknown keys are errors, so a typo does not
-silently produce a different node. The `faults` list is re-read while a process runs; only that
-part may change under a running simulator, which is why it is also parsed on its own.
+silently produce a different node. The `faults` and `processes` lists are re-read while a
+process runs; only those parts may change under a running simulator, which is why each is also
+parsed on its own.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from pydantic.alias_generators import to_camel
 
 from sharing_plugin.errors import ConfigError, Problem
+from sharing_plugin.sim.nvml.workload import Process, UtilizationCall
 
 PRESET_PACKAGE = "sharing_plugin.sim.nvml.presets"
 
@@ -78,6 +80,8 @@ class NodeDescription(_Strict):
     gpus: tuple[GpuGroup, ...] = Field(min_length=1)
     nvlink: Literal["all", "none"] = "none"
     faults: tuple[Fault, ...] = ()
+    processes: tuple[Process, ...] = ()  # re-read while running, like faults
+    driver_lacks: tuple[UtilizationCall, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
