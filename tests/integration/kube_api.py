@@ -1,7 +1,8 @@
 """A fake kube-apiserver for the API calls a GPU device plugin makes, served over real HTTP.
 
 `FakeKubeApi` listens on 127.0.0.1 (plain HTTP/1.1, keep-alive, chunked watch streams) and keeps
-Nodes, ConfigMaps and core/v1 Events the way kube-apiserver does where a client can tell:
+Nodes, ConfigMaps, Pods (list and watch by `spec.nodeName`) and core/v1 Events the way
+kube-apiserver does where a client can tell:
 
 * one global resourceVersion counter, bumped by every write that changes something (a PATCH or
   a `put_*` that changes nothing leaves the object and its resourceVersion alone, as the real
@@ -52,6 +53,7 @@ RESOURCES = (
     "nodes",
     "configmaps",
     "events",
+    "pods",
     # resource.k8s.io (DRA), below
     "resourceslices",
     "resourceclaims",
@@ -104,6 +106,7 @@ _META_FIELDS = ("metadata.name", "metadata.namespace")
 _KINDS = {
     "nodes": _Kind("nodes", "Node", False, (*_META_FIELDS, "spec.unschedulable")),
     "configmaps": _Kind("configmaps", "ConfigMap", True, _META_FIELDS),
+    "pods": _Kind("pods", "Pod", True, (*_META_FIELDS, "spec.nodeName", "status.phase")),
     "events": _Kind(
         "events",
         "Event",
@@ -602,6 +605,38 @@ class FakeKubeApi:
 
     def configmap(self, namespace: str, name: str) -> dict[str, Any]:
         return copy.deepcopy(self._objects[("configmaps", namespace, name)])
+
+    def put_pod(
+        self,
+        namespace: str,
+        name: str,
+        *,
+        node: str,
+        containers: Mapping[str, str] | None = None,
+        annotations: Mapping[str, str] | None = None,
+    ) -> dict[str, Any]:
+        """Create the Pod bound to `node`, or replace its container statuses (container name ->
+        runtime ID, e.g. ``containerd://<64 hex>``). Returns it as stored (its uid)."""
+        kind = _KINDS["pods"]
+        current = self._objects.get(("pods", namespace, name))
+        obj = copy.deepcopy(current) if current else self._new(kind, namespace, name)
+        obj["metadata"]["annotations"] = dict(annotations or {})
+        containers = dict(containers or {})
+        obj["spec"] = {"nodeName": node, "containers": [{"name": c} for c in containers]}
+        obj["status"] = {
+            "phase": "Running",
+            "containerStatuses": [
+                {"name": c, "containerID": cid, "ready": True, "restartCount": 0, "image": "x",
+                 "imageID": "x"}
+                for c, cid in containers.items()
+            ],
+        }  # fmt: skip
+        self._store_checked(kind, obj)
+        return copy.deepcopy(self._objects[("pods", namespace, name)])
+
+    def delete_pod(self, namespace: str, name: str) -> None:
+        if self._commit(_KINDS["pods"], namespace, name, None) is None:
+            raise KeyError((namespace, name))
 
     def events(self, namespace: str | None = None) -> list[dict[str, Any]]:
         """Event objects created (and patched) so far, in creation order."""
