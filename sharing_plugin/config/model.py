@@ -59,6 +59,7 @@ from sharing_plugin.config.devices import (
 from sharing_plugin.config.names import check_pattern
 from sharing_plugin.config.options import Flags, GfdFlags, Health, Imex, PluginFlags
 from sharing_plugin.config.quantity import MemoryMiB
+from sharing_plugin.config.usage import Usage
 
 __all__ = [
     "DEFAULT_IGNORED_XIDS",
@@ -91,6 +92,7 @@ __all__ = [
     "Sharing",
     "SharingKind",
     "SharingSection",
+    "Usage",
     "UuidRef",
 ]
 
@@ -328,6 +330,8 @@ class Config(Strict):
     """Declared MIG layouts; absent: the plugin never changes MIG."""
     imex: Imex | None = None
     """IMEX channels: accepted for compatibility; has no effect here."""
+    usage: Usage = Usage()
+    """Per-pod GPU usage on shared GPUs: when a pod counts as over its memory share."""
 
     @model_validator(mode="after")
     def _across_sections(self) -> Config:
