@@ -14,7 +14,7 @@ wants.
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -52,6 +52,7 @@ class StatusBoard:
         self._resources: dict[str, ResourceStatus] = {}
         self._mig: dict[str, tuple[MigState, str | None]] = {}
         self._mps: dict[str, dict[str, Any]] = {}
+        self._usage: Callable[[], Mapping[str, Any] | None] | None = None
 
     # --- config ------------------------------------------------------------------------------
 
@@ -147,6 +148,13 @@ class StatusBoard:
         else:
             self._mps[resource] = dict(daemon)
 
+    # --- GPU usage ---------------------------------------------------------------------------
+
+    def set_usage(self, document: Callable[[], Mapping[str, Any] | None] | None) -> None:
+        """Where the `usage` key (who holds and uses each GPU) comes from: a function of the
+        latest reading, built only when `/status` is asked for (None from it: not read yet)."""
+        self._usage = document
+
     # --- readiness and JSON ------------------------------------------------------------------
 
     def readiness(self) -> tuple[bool, str]:
@@ -188,4 +196,8 @@ class StatusBoard:
                 for gpu, (state, reason) in sorted(self._mig.items())
             },
             "mps": {name: dict(daemon) for name, daemon in sorted(self._mps.items())},
+            **({"usage": dict(usage)} if (usage := self._usage_document()) is not None else {}),
         }
+
+    def _usage_document(self) -> Mapping[str, Any] | None:
+        return self._usage() if self._usage is not None else None
