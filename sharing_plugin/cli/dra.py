@@ -54,6 +54,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         clear_labels_on_exit="off",
         labels_file=None,
         node_labels="off",
+        proc_root="/proc",
     )
 
 

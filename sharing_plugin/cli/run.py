@@ -43,6 +43,7 @@ RUN_FLAGS: tuple[Flag, ...] = (
     ("--clear-labels-on-exit", "CLEAR_LABELS_ON_EXIT", "off", "on or off: remove them at exit"),
     ("--labels-file", "LABELS_FILE", None, "NFD feature file to write GFD-compatible labels to"),
     ("--node-labels", "NODE_LABELS", "off", "on or off: patch those labels onto the Node"),
+    ("--proc-root", "PROC_ROOT", "/proc", "the host's /proc, for per-pod GPU usage"),
 )
 
 
@@ -77,6 +78,7 @@ def run_options(args: argparse.Namespace) -> RunOptions:
         clear_labels_on_exit=on_off("--clear-labels-on-exit", args.clear_labels_on_exit),
         labels_file=Path(args.labels_file) if args.labels_file else None,
         node_labels=on_off("--node-labels", args.node_labels),
+        proc_root=Path(args.proc_root),
         health_env=HealthEnv.from_environ(os.environ),
     )
 

@@ -34,6 +34,7 @@ from sharing_plugin.daemon.options import RunOptions
 from sharing_plugin.daemon.report import NodeReport
 from sharing_plugin.daemon.supervisor import Supervisor
 from sharing_plugin.daemon.tasks import TaskOwner
+from sharing_plugin.daemon.usage import UsageMonitor
 from sharing_plugin.errors import (
     ConfigError,
     NvmlError,
@@ -106,6 +107,13 @@ class Daemon(ConfigFedService):
         self._own_client: AsyncClient | None = None  # made here, so closed here
         self._api_trouble: str | None = None
         self.pod_resources = PodResourcesClient(options.kubelet_dir)
+        self.usage = UsageMonitor(
+            nvml=nvml,
+            proc_root=options.proc_root,
+            metrics=self.metrics,
+            status=self.status,
+            pod_resources=self.pod_resources,
+        )
         self.supervisor = Supervisor(
             kubelet_dir=options.kubelet_dir,
             metrics=self.metrics,
@@ -125,12 +133,19 @@ class Daemon(ConfigFedService):
     async def start(self) -> None:
         if self.options.metrics_address is not None:
             host, port = self.options.metrics_address
-            self._metrics_server = MetricsServer(host, port, self.metrics, self.status)
+            self._metrics_server = MetricsServer(
+                host, port, self.metrics, self.status, refresh=self.usage.refresh
+            )
             await self._metrics_server.start()
         if self._kube_client is None and needs_api(self.options):
             self._kube_client = self._own_client = api_client(self.options)
         await self._start_label_watch()
         self._start_node_status()
+        self.usage.start(
+            client=self._kube_client,
+            node_name=self.options.node_name,
+            reporter=self.report.reporter,
+        )
         self.source = config_feed(
             self.options,
             self._kube_client,
@@ -227,6 +242,7 @@ class Daemon(ConfigFedService):
             except Exception as exc:
                 log.warning("clearing node %s's labels: %s", reporter.node_name, exc)
         await self._tasks.close()
+        await self.usage.close()
         await self.supervisor.close()
         await self.pod_resources.close()
         if self._metrics_server is not None:
@@ -445,6 +461,9 @@ class Daemon(ConfigFedService):
                 plan=base,
             )
         self.mps.follow(base.mps)
+        self.usage.follow(
+            plan=base, inventory=inventory, over_share_s=config.usage.over_share_seconds
+        )
         change = await self.supervisor.apply(self._effective(config), self._context(config))
         await self._labels.publish(config, inventory, base)
         log.log(

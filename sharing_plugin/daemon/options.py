@@ -34,5 +34,6 @@ class RunOptions:
     # editor may be half-way through saving it.
     config_error_settle_s: float = 0.1
     rediscover_s: float = 5.0  # first look again for GPUs when NVML did not start (doubling)
+    proc_root: Path = Path("/proc")  # the host's processes, for per-pod GPU usage
     # The reference's DP_*_HEALTHCHECKS variables, parsed once by the entry point.
     health_env: HealthEnv = field(default_factory=HealthEnv)

@@ -45,11 +45,14 @@ class SimProcesses:
         self.lacks = frozenset(node.description.driver_lacks)
         self._lock = threading.Lock()
         self._stamp = self._file_stamp()
+        self.queries = 0  # running-process calls answered: what tests count NVML passes by
 
     # ---- what the NVML calls answer ----
 
     def running(self, device: SimGpu | SimComputeInstance, *, mps: bool) -> list[Any]:
         """nvmlDeviceGet[MPS]ComputeRunningProcesses for a GPU or MIG device handle."""
+        with self._lock:
+            self.queries += 1
         infos = []
         for process, _, ci in self._on(device):
             if process.mps != mps:
