@@ -8,82 +8,30 @@ fake kube-apiserver (which pod has which UID and container IDs).
 from __future__ import annotations
 
 import asyncio
-import contextlib
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-from daemon_harness import Running, eventually, running
+from daemon_harness import eventually
 from kube_api import FakeKubeApi
 from usage_support import (
     GIB,
+    GPU,
+    NODE,
+    SHARED,
     T4_MEMORY,
+    admit,
     cgroup,
-    free_port,
     in_pod,
+    index_of,
+    plugin,
     pod_labels,
     scrape,
     status,
+    until,
     write_node,
 )
 
-from sharing_plugin.plan.model import physical_of
-from sharing_plugin.sources.kube import client_from_kubeconfig
-
-NODE = "gpu-node-1"
-GPU = "nvidia.com/gpu"
-SHARED = """\
-version: v1
-sharing:
-  timeSlicing:
-    resources:
-      - name: nvidia.com/gpu
-        replicas: 2
-"""
 CID = {"a": "a" * 64, "b": "b" * 64}
-
-
-@contextlib.asynccontextmanager
-async def plugin(
-    root: Path,
-    config: str = SHARED,
-    *,
-    api: FakeKubeApi | None = None,
-    gpus_count: int = 2,
-    **options: Any,
-) -> AsyncIterator[tuple[Running, int]]:
-    node = write_node(root / "node.yaml", gpus=gpus_count)
-    (root / "proc").mkdir()
-    port = free_port()
-    client = None
-    if api is not None:
-        api.put_node(NODE)
-        client = client_from_kubeconfig(api.kubeconfig(root / "kubeconfig"))
-        options = {"node_name": NODE, "kube_client": client, **options}
-    try:
-        async with running(
-            root,
-            config,
-            gpus=f"simulated:{node}",
-            proc_root=root / "proc",
-            metrics_address=("127.0.0.1", port),
-            **options,
-        ) as run:
-            yield run, port
-    finally:
-        if client is not None:
-            await client.close()
-
-
-async def admit(run: Running, name: str) -> str:
-    """Admit pod ml/<name> with one replica; the UUID of the GPU it got."""
-    pod = await run.kubelet.admit_pod(name, "ml", containers={"main": {GPU: 1}})
-    (device_id,) = pod.device_ids("main", GPU)
-    return physical_of(device_id)
-
-
-def index_of(run: Running, gpu: str) -> int:
-    return next(g.index for g in run.nvml.gpus if g.uuid == gpu)
 
 
 async def test_pods_named_through_the_api_with_memory_share_and_utilization(
@@ -154,13 +102,6 @@ async def test_pods_named_through_the_api_with_memory_share_and_utilization(
             )
 
         await until(b_gone)
-
-
-async def until(check: Any, within: float = 5.0) -> None:
-    """Scrape until `check()` holds; readings are cached for up to a second."""
-    async with asyncio.timeout(within):
-        while not await check():  # noqa: ASYNC110 -- a new reading is the event, every second
-            await asyncio.sleep(0.05)
 
 
 async def test_parallel_scrapes_share_one_nvml_pass(short_dir: Path) -> None:

@@ -3,14 +3,31 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import socket
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import yaml_fast
+from daemon_harness import Running, running
+from kube_api import FakeKubeApi
 from prometheus_client.parser import text_string_to_metric_families
 
+from sharing_plugin.plan.model import physical_of
+from sharing_plugin.sources.kube import client_from_kubeconfig
+
+NODE = "gpu-node-1"
+GPU = "nvidia.com/gpu"
+SHARED = """\
+version: v1
+sharing:
+  timeSlicing:
+    resources:
+      - name: nvidia.com/gpu
+        replicas: 2
+"""
 T4_MEMORY = 15360 << 20
 GIB = 1 << 30
 
@@ -100,3 +117,53 @@ def pod_labels(
             ("mig", ""),
         }
     )
+
+
+@contextlib.asynccontextmanager
+async def plugin(
+    root: Path,
+    config: str = SHARED,
+    *,
+    api: FakeKubeApi | None = None,
+    gpus_count: int = 2,
+    **options: Any,
+) -> AsyncIterator[tuple[Running, int]]:
+    node = write_node(root / "node.yaml", gpus=gpus_count)
+    (root / "proc").mkdir()
+    port = free_port()
+    client = None
+    if api is not None:
+        api.put_node(NODE)
+        client = client_from_kubeconfig(api.kubeconfig(root / "kubeconfig"))
+        options = {"node_name": NODE, "kube_client": client, **options}
+    try:
+        async with running(
+            root,
+            config,
+            gpus=f"simulated:{node}",
+            proc_root=root / "proc",
+            metrics_address=("127.0.0.1", port),
+            **options,
+        ) as run:
+            yield run, port
+    finally:
+        if client is not None:
+            await client.close()
+
+
+async def admit(run: Running, name: str) -> str:
+    """Admit pod ml/<name> with one replica; the UUID of the GPU it got."""
+    pod = await run.kubelet.admit_pod(name, "ml", containers={"main": {GPU: 1}})
+    (device_id,) = pod.device_ids("main", GPU)
+    return physical_of(device_id)
+
+
+def index_of(run: Running, gpu: str) -> int:
+    return next(g.index for g in run.nvml.gpus if g.uuid == gpu)
+
+
+async def until(check: Any, within: float = 5.0) -> None:
+    """Scrape until `check()` holds; readings are cached for up to a second."""
+    async with asyncio.timeout(within):
+        while not await check():  # noqa: ASYNC110 -- a new reading is the event, every second
+            await asyncio.sleep(0.05)
