@@ -99,6 +99,7 @@ class UsageMonitor:
         self._view_at: float | None = None
         self._reading: asyncio.Task[None] | None = None
         self._check: asyncio.Task[None] | None = None
+        self._retime = asyncio.Event()
         self._client: AsyncClient | None = None
         self._node_name: str | None = None
         self._reporter: NodeStatusReporter | None = None
@@ -129,7 +130,9 @@ class UsageMonitor:
             mps_gpus=frozenset(d.uuid for m in plan.mps for d in m.devices),
             shared=frozenset(r.name for r in plan.resources if any(d.shared for d in r.devices)),
         )
-        self._tracker.after_s = over_share_s
+        if over_share_s != self._tracker.after_s:
+            self._tracker.after_s = over_share_s
+            self._retime.set()  # a waiting check takes the new interval
         self._view_at = None  # shares may have changed: the next request reads again
         if self._followed.shared:
             self._wake()
@@ -225,13 +228,18 @@ class UsageMonitor:
         The first look waits one interval: after an Allocate, kubelet lists the pod in
         PodResources only once the container is being created."""
         loop = asyncio.get_running_loop()
-        due = False
         while True:
             interval = min(max(self._tracker.after_s / 4, _CHECK_S[0]), _CHECK_S[1])
             deadline = self._tracker.next_deadline()
             delay = interval if deadline is None else min(interval, deadline - loop.time())
+            self._retime.clear()
+            try:
+                async with asyncio.timeout(max(delay, 0.0)):
+                    await self._retime.wait()
+                continue  # a new config: wait again, by its interval
+            except TimeoutError:
+                pass
             due = deadline is not None and delay < interval
-            await asyncio.sleep(max(delay, 0.0))
             await self.refresh(max_age=0.0 if due else interval)
             view = self._view
             if view is None or not view.report.shared_in_use:

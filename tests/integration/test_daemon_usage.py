@@ -188,3 +188,21 @@ async def test_a_pod_over_its_share_gets_events_without_anyone_scraping(short_di
 
         await until(back_within)
         assert len(filed()) == 2  # nothing more was filed
+
+
+async def test_a_shorter_over_share_time_applies_to_a_check_already_waiting(
+    short_dir: Path,
+) -> None:
+    async with FakeKubeApi() as api, plugin(short_dir, api=api) as (run, _):
+        pod = api.put_pod(
+            "ml", "greedy", node=NODE, containers={"main": f"containerd://{CID['a']}"}
+        )
+        cgroup(short_dir / "proc", 100, in_pod(pod["metadata"]["uid"], CID["a"]))
+        gpu = await admit(run, "greedy")  # the check now waits 15 s (a quarter of 60 s)
+        write_node(
+            short_dir / "node.yaml", [{"gpu": index_of(run, gpu), "pid": 100, "memory": "10Gi"}]
+        )
+        run.write(SHARED + "usage:\n  overShareSeconds: 0\n")
+        await eventually(
+            lambda: any(e["reason"] == "GpuShareExceeded" for e in api.events("ml")), within=5
+        )
