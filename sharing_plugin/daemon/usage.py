@@ -43,7 +43,7 @@ from sharing_plugin.nvml.processes import ProcessReader
 from sharing_plugin.observability.metrics import Metrics
 from sharing_plugin.observability.nodestatus import NodeStatusReporter, PodRef
 from sharing_plugin.observability.status import StatusBoard, rfc3339
-from sharing_plugin.observability.usage import UsageCollector, UsageView, usage_document
+from sharing_plugin.observability.usage import UsageExposition, UsageView, usage_document
 from sharing_plugin.plan.model import Plan
 from sharing_plugin.sources.pods import NodePods
 from sharing_plugin.sources.proc import CgroupReader
@@ -104,7 +104,7 @@ class UsageMonitor:
         self._node_name: str | None = None
         self._reporter: NodeStatusReporter | None = None
         self._pods: NodePods | None = None
-        metrics.registry.register(UsageCollector(lambda: self._view))
+        metrics.add_exposition(UsageExposition(lambda: self._view).text)
         metrics.on_allocate(self._on_allocate)
         status.set_usage(self._document)
 

@@ -205,6 +205,7 @@ class Metrics:
             registry=r,
         )
         self._allocate_listeners: list[Callable[[str], None]] = []
+        self._expositions: list[Callable[[], bytes]] = []
 
     # --- resources ---------------------------------------------------------------------------
 
@@ -297,6 +298,11 @@ class Metrics:
 
     # --- exposition --------------------------------------------------------------------------
 
+    def add_exposition(self, source: Callable[[], bytes]) -> None:
+        """Series written at scrape time by `source`, in the text format, after the registry's
+        (families of their own names: per-pod GPU usage)."""
+        self._expositions.append(source)
+
     def render(self) -> bytes:
         """Every metric in the text exposition format (`CONTENT_TYPE`)."""
-        return generate_latest(self.registry)
+        return generate_latest(self.registry) + b"".join(s() for s in self._expositions)

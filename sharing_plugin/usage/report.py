@@ -97,10 +97,12 @@ def build_report(
         device_rows = []
         sampled = gpu.uuid in nvml.sampled
         for device in _devices_of(gpu.uuid, devices):
-            held_here = held_on.get(device.uuid, ())
+            mine: dict[Holder, list[HeldReplica]] = defaultdict(list)
+            for replica in held_on.get(device.uuid, ()):
+                mine[replica.holder].append(replica)
             containers = sorted(
                 (
-                    _container(device, holder, processes, held_here, shares, sampled)
+                    _container(device, holder, processes, mine.get(holder, ()), shares, sampled)
                     for holder, processes in rows.get(device.uuid, {}).items()
                 ),
                 key=lambda c: (c.holder.namespace, c.holder.pod, c.holder.container),
@@ -173,7 +175,8 @@ def _container(
     shares: Mapping[tuple[str, str], tuple[int, int]],
     sampled: bool,
 ) -> ContainerUsage:
-    mine = sorted((r for r in held if holder.pod and r.holder == holder), key=lambda r: r.device_id)
+    """`held`: the replicas `holder` holds on the device."""
+    mine = sorted(held, key=lambda r: r.device_id) if holder.pod else []
     resources = sorted({r.resource for r in mine})
     share = sum(shares.get((device.uuid, r.resource), (0, 0))[1] for r in mine)
     known = [p.sm for p in processes if p.sm is not None]

@@ -7,10 +7,10 @@ import re
 from pathlib import Path
 from typing import Any
 
-from prometheus_client.metrics_core import Metric
+from prometheus_client.parser import text_string_to_metric_families
 
 from sharing_plugin.observability.metrics import Metrics
-from sharing_plugin.observability.usage import UsageCollector
+from sharing_plugin.observability.usage import UsageExposition
 
 DASHBOARD = Path(__file__).resolve().parents[2] / "deploy" / "grafana" / "gpu-sharing-plugin.json"
 _NAME = re.compile(r"\bsharing_plugin_[a-zA-Z0-9_]+")
@@ -19,12 +19,11 @@ UNITS = {"bytes", "short", "percentunit", "bool_yes_no", "none", "s"}
 
 
 def exported() -> set[str]:
-    """Every sample name a running `run` exports (counters with `_total`, as scraped)."""
+    """Every sample name a running `run`'s /metrics carries (counters with `_total`)."""
     metrics = Metrics(version="test")
-    metrics.registry.register(UsageCollector(lambda: None))
-    families: list[Metric] = list(metrics.registry.collect())
+    metrics.add_exposition(UsageExposition(lambda: None).text)
     names: set[str] = set()
-    for family in families:
+    for family in text_string_to_metric_families(metrics.render().decode()):
         if family.type == "counter":
             names.add(f"{family.name}_total")
         elif family.type == "histogram":

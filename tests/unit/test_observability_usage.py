@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 from plan_factory import gpu, node, time_slicing
-from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from sharing_plugin.observability.usage import UsageCollector, UsageView, usage_document
+from sharing_plugin.observability.usage import UsageExposition, UsageView, usage_document
 from sharing_plugin.plan import plan
 from sharing_plugin.plan.model import replica_id
 from sharing_plugin.usage.model import (
@@ -43,10 +42,11 @@ def report(*processes: GpuProcess) -> UsageReport:
 
 
 def series(view: UsageView | None) -> dict[str, dict[frozenset[tuple[str, str]], float]]:
-    registry = CollectorRegistry()
-    registry.register(UsageCollector(lambda: view))
+    """The text, read by prometheus-client's own parser (a format slip fails here)."""
+    text = UsageExposition(lambda: view).text().decode()
     out: dict[str, dict[frozenset[tuple[str, str]], float]] = {}
-    for family in text_string_to_metric_families(generate_latest(registry).decode()):
+    for family in text_string_to_metric_families(text):
+        assert family.type == "gauge" and family.documentation
         out.setdefault(family.name, {})
         for s in family.samples:
             out[family.name][frozenset(s.labels.items())] = s.value
@@ -122,3 +122,18 @@ def test_status_lists_holders_users_and_pids() -> None:
         [9],
         None,
     )
+
+
+def test_label_values_are_escaped_as_the_text_format_wants() -> None:
+    odd = Holder('we"ird', "back\\slash", "new\nline")
+    r = build_report(
+        plan=plan(time_slicing({"name": GPU, "replicas": 2}), INVENTORY),
+        inventory=INVENTORY,
+        nvml=NvmlUsage(processes=(GpuProcess(pid=1, device=G0, gpu=G0, memory=5, sm=None),)),
+        held=[HeldReplica(replica_id(G0, 0), GPU, odd)],
+        cgroups={},
+        pods=None,
+    )
+    used = series(UsageView(report=r))["sharing_plugin_pod_gpu_memory_used_bytes"]
+    wanted = labels(namespace='we"ird', pod="back\\slash", container="new\nline", resource=GPU)
+    assert used == {wanted: 5}

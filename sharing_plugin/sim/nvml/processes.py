@@ -46,6 +46,8 @@ class SimProcesses:
         self._lock = threading.Lock()
         self._stamp = self._file_stamp()
         self.queries = 0  # running-process calls answered: what tests count NVML passes by
+        self._placed_for: tuple[tuple[Process, ...], object] | None = None
+        self._placed_by: dict[int, list[Placed]] = {}
 
     # ---- what the NVML calls answer ----
 
@@ -96,18 +98,31 @@ class SimProcesses:
     # ---- where each process runs ----
 
     def _on(self, device: SimGpu | SimComputeInstance) -> list[Placed]:
-        placed = self._placed()
-        if isinstance(device, SimComputeInstance):
-            return [p for p in placed if p[2] is device]
-        return [p for p in placed if p[1] is device]
+        return self._placed().get(id(device), [])
 
-    def _placed(self) -> list[Placed]:
-        out = []
-        for process in self._current():
+    def _placed(self) -> dict[int, list[Placed]]:
+        """Processes by the id() of the GPU and of the MIG device they run on; worked out again
+        only when the list or a GPU's MIG layout changed (a node may list hundreds). A MIG
+        device that runs a process is held by the table, so its id() is not reused."""
+        processes = self._current()
+        layout = tuple((g.mig_current, tuple(id(ci) for ci in g.mig_devices())) for g in self._gpus)
+        with self._lock:
+            known = self._placed_for
+            # The list itself is kept (not its id): a freed tuple's id may come back.
+            if known is not None and known[0] is processes and known[1] == layout:
+                return self._placed_by
+        by: dict[int, list[Placed]] = {}
+        for process in processes:
             where = self._resolve(process)
-            if where is not None:
-                out.append((process, *where))
-        return out
+            if where is None:
+                continue
+            gpu, ci = where
+            by.setdefault(id(gpu), []).append((process, gpu, ci))
+            if ci is not None:
+                by.setdefault(id(ci), []).append((process, gpu, ci))
+        with self._lock:
+            self._placed_for, self._placed_by = (processes, layout), by
+        return by
 
     def _resolve(self, process: Process) -> tuple[SimGpu, SimComputeInstance | None] | None:
         for gpu in self._gpus:
