@@ -12,12 +12,13 @@ thread), the cgroups of the pids it lists, and PodResources; `usage.report` turn
 within a second, so parallel scrapes cost one pass and a node nobody scrapes reads nothing.
 
 Over-share detection needs to look without being asked, but only while it matters: a check
-runs while a shared device is held by a pod or used by a process, every quarter of
-`usage.overShareSeconds` (1 to 15 s), and at the moment a pod over its share would pass the
-allowed time. It starts when a pod is granted a replica of a shared resource (an Allocate), when
-a config with shared devices is applied, or when a reading sees shared devices in use, and ends
-at the first check that finds none: an idle node, or one whose GPUs are not shared, runs no
-periodic work at all.
+runs while a pod holds or uses a shared device, every quarter of `usage.overShareSeconds` (1
+to 15 s), and at the moment a pod over its share would pass the allowed time. It starts when a
+pod is granted a replica of a shared resource (an Allocate), when a config with shared devices
+is applied, or when a reading sees a pod on a shared device, and ends at the first check that
+finds none; a check first asks PodResources, and reads NVML only when a shared replica is held
+(or the last reading saw a pod using one). An idle node, or one whose GPUs are not shared, runs
+no periodic work at all.
 
 The pods on this node are watched through the API only once a GPU process's cgroup names a pod
 (the proc root shows the host's processes and `--node-name` and credentials are given); until
@@ -240,10 +241,24 @@ class UsageMonitor:
             except TimeoutError:
                 pass
             due = deadline is not None and delay < interval
+            if not due and not await self._pods_hold_shared():
+                return
             await self.refresh(max_age=0.0 if due else interval)
             view = self._view
             if view is None or not view.report.shared_in_use:
                 return
+
+    async def _pods_hold_shared(self) -> bool:
+        """Whether a reading may find something to check: PodResources shows a replica of a
+        shared resource held (unknown counts as yes), or the last reading saw a pod on a shared
+        device. Asked before NVML, so a config applied on an idle node costs one List."""
+        if self._view is not None and self._view.report.shared_in_use:
+            return True
+        followed = self._followed
+        if followed is None:
+            return False
+        held = await self._pod_resources.held_replicas()
+        return held is None or any(r.resource in followed.shared for r in held)
 
     def _report_exceeded(self, exceeded: Exceeded) -> None:
         u = exceeded.usage

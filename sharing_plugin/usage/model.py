@@ -164,6 +164,6 @@ class UsageReport:
 
     @property
     def shared_in_use(self) -> bool:
-        """Whether a shared device is held by a pod or used by a process: what over-share
-        detection has to keep looking at."""
-        return any(d.shared and d.containers for d in self.devices())
+        """Whether a pod holds or uses a shared device: what over-share detection has to keep
+        looking at (an unattributed process has no share to be over)."""
+        return any(d.shared and any(c.attributed for c in d.containers) for d in self.devices())

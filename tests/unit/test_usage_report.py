@@ -129,6 +129,8 @@ def test_a_host_process_is_never_given_to_the_holder() -> None:
     # its cgroup was read and names no pod: it is not the holder's, whatever PodResources says
     r = report([proc(10, G0, GIB)], held(A, G0, 0), cgroups={10: None})
     assert rows(r)[(G0, "", "")] == (GIB, 0, (10,))
+    alone = report([proc(10, G0, GIB)], [], cgroups={10: None})
+    assert not alone.shared_in_use  # no pod on it: nothing for over-share checks to follow
 
 
 def test_a_pod_the_api_does_not_list_falls_back_to_podresources() -> None:
