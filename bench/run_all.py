@@ -53,6 +53,8 @@ BENCHMARKS = (
     Benchmark("bench_allocate.py", ("--rounds", "1000"), 60),
     Benchmark("bench_reload.py", ("--rounds", "50", "--idle-s", "2"), 60),
     Benchmark("bench_fleet.py", (), 60),
+    # 50 fresh scrapes, 3 over HTTP a second apart, a 30 s idle window after 16 s; ~75 s.
+    Benchmark("bench_usage.py", ("--rounds", "50", "--http-rounds", "3", "--idle-s", "30"), 150),
     # 60 s idle window, as issue 17 measures it; ~100 s in all on 2 cores.
     Benchmark("bench_daemon.py", ("--rounds", "50", "--runs", "5", "--idle-s", "60"), 240),
 )
