@@ -42,7 +42,6 @@ from sharing_plugin.kubelet.podresources import PodResourcesClient
 from sharing_plugin.nvml.api import NvmlApi
 from sharing_plugin.nvml.processes import ProcessReader
 from sharing_plugin.observability.metrics import Metrics
-from sharing_plugin.observability.nodestatus import NodeStatusReporter, PodRef
 from sharing_plugin.observability.status import StatusBoard, rfc3339
 from sharing_plugin.observability.usage import UsageExposition, UsageView, usage_document
 from sharing_plugin.plan.model import Plan
@@ -59,6 +58,8 @@ from sharing_plugin.usage.report import build_report
 
 if TYPE_CHECKING:
     from lightkube import AsyncClient
+
+    from sharing_plugin.observability.nodestatus import NodeStatusReporter
 
 log = logging.getLogger(__name__)
 
@@ -281,6 +282,9 @@ class UsageMonitor:
         reporter = self._reporter
         if reporter is None:
             return
+        # Imported here, as the daemon imports node status only when it reports (start-up).
+        from sharing_plugin.observability.nodestatus import PodRef
+
         uid = None
         if self._pods is not None:
             uid = next(
