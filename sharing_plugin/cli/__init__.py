@@ -13,7 +13,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from sharing_plugin.cli import check, demo, dra, mps, plan, run
+from sharing_plugin.cli import check, demo, dra, mps, plan, run, top
 from sharing_plugin.cli.common import EXIT_INVALID, EXIT_OK, EXIT_USAGE
 
 __all__ = ["EXIT_INVALID", "EXIT_OK", "EXIT_USAGE", "main"]
@@ -40,7 +40,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action=_VersionAction)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for command in (check, plan, run, dra, mps, demo):
+    for command in (check, plan, run, dra, mps, demo, top):
         command.register(sub)
     return parser
 

@@ -28,6 +28,7 @@ RUN_FLAGS: tuple[Flag, ...] = (
     ("--clear-labels-on-exit", "CLEAR_LABELS_ON_EXIT", "off", "on or off: remove them at exit"),
     ("--labels-file", "LABELS_FILE", None, "NFD feature file to write GFD-compatible labels to"),
     ("--node-labels", "NODE_LABELS", "off", "on or off: patch those labels onto the Node"),
+    ("--proc-root", "PROC_ROOT", "/proc", "the host's /proc, for per-pod GPU usage"),
 )
 FLAGS: tuple[Flag, ...] = (*SOURCE_FLAGS, *METRICS_FLAGS, *LOG_FLAGS, *RUN_FLAGS)
 """Every flag of `run`, each with the env var it also reads."""
@@ -53,6 +54,7 @@ def run_options(args: argparse.Namespace) -> RunOptions:
             node_labels=on_off("--node-labels", args.node_labels),
         ),
         metrics_address=parse_metrics_address(args.metrics_address),
+        proc_root=Path(args.proc_root),
         health_env=HealthEnv.from_environ(os.environ),
     )
 

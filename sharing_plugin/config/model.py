@@ -61,6 +61,7 @@ from sharing_plugin.config.devices import (
 from sharing_plugin.config.names import check_pattern
 from sharing_plugin.config.options import Flags, GfdFlags, Health, Imex, PluginFlags
 from sharing_plugin.config.quantity import MemoryMiB
+from sharing_plugin.config.usage import Usage
 
 __all__ = [
     "DEFAULT_IGNORED_XIDS",
@@ -95,6 +96,7 @@ __all__ = [
     "Sharing",
     "SharingKind",
     "SharingSection",
+    "Usage",
     "UuidRef",
 ]
 
@@ -290,3 +292,5 @@ class Config(Strict):
     """IMEX channels: accepted for compatibility; has no effect here."""
     dra: Dra = Dra()
     """How `run-dra` publishes the devices (Dynamic Resource Allocation); `run` ignores it."""
+    usage: Usage = Usage()
+    """Per-pod GPU usage on shared GPUs: when a pod counts as over its memory share."""

@@ -27,6 +27,7 @@ from sharing_plugin.daemon.outcome import Applied, Served
 from sharing_plugin.daemon.pipeline import PipelineFeatures
 from sharing_plugin.daemon.service import ObservedService
 from sharing_plugin.daemon.supervisor import Supervisor
+from sharing_plugin.daemon.usage import UsageMonitor
 from sharing_plugin.kubelet.podresources import PodResourcesClient
 from sharing_plugin.kubelet.server import AllocateContext
 from sharing_plugin.kubelet.watch import KubeletWatcher
@@ -67,6 +68,13 @@ class Daemon(ObservedService):
             ),
         )
         self.pod_resources = PodResourcesClient(options.source.kubelet_dir, metrics=self.metrics)
+        self.usage = UsageMonitor(
+            nvml=nvml,
+            proc_root=options.proc_root,
+            metrics=self.metrics,
+            status=self.status,
+            pod_resources=self.pod_resources,
+        )
         self.supervisor = Supervisor(
             kubelet_dir=options.source.kubelet_dir,
             metrics=self.metrics,
@@ -82,8 +90,13 @@ class Daemon(ObservedService):
     # --- lifecycle ---------------------------------------------------------------------------
 
     async def start(self) -> None:
-        await self.start_metrics_server()
+        await self.start_metrics_server(refresh=self.usage.refresh)
         await self.pipeline.connect()
+        self.usage.start(
+            client=self.pipeline.client,
+            node_name=self.options.source.node_name,
+            reporter=self.pipeline.reports.node.reporter,
+        )
         await self.pipeline.start()
         watcher = KubeletWatcher(
             self.options.source.kubelet_dir,
@@ -96,6 +109,7 @@ class Daemon(ObservedService):
     async def close(self) -> None:
         await self.pipeline.close()
         await self._tasks.close()
+        await self.usage.close()
         await self.supervisor.close()
         await self.pod_resources.close()
         await self.close_metrics_server()
@@ -105,6 +119,11 @@ class Daemon(ObservedService):
 
     async def apply(self, applied: Applied) -> Served:
         self.mps.follow(applied.plan.mps)
+        self.usage.follow(
+            plan=applied.plan,
+            inventory=applied.inventory,
+            over_share_s=applied.config.usage.over_share_seconds,
+        )
         change = await self.supervisor.apply(self.effective(applied), self._context(applied))
         return Served(change.describe(), changed=not change.empty)
 

@@ -59,5 +59,6 @@ class RunOptions:
     # How long an Allocate grant counts as held when PodResources does not list it (see
     # kubelet/grants.py).
     grant_window_s: float = RECORD_WINDOW_S
+    proc_root: Path = Path("/proc")  # the host's processes, for per-pod GPU usage
     # The reference's DP_*_HEALTHCHECKS variables, parsed once by the entry point.
     health_env: HealthEnv = field(default_factory=HealthEnv)

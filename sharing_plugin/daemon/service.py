@@ -10,6 +10,7 @@ same pod, serves them).
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
 from sharing_plugin.daemon.options import SourceOptions
@@ -101,11 +102,16 @@ class ObservedService(NodeService):
             features=features,
         )
 
-    async def start_metrics_server(self) -> None:
-        """The HTTP endpoints first, so probes and scrapes answer while the rest starts."""
+    async def start_metrics_server(
+        self, *, refresh: Callable[[], Awaitable[None]] | None = None
+    ) -> None:
+        """The HTTP endpoints first, so probes and scrapes answer while the rest starts;
+        `refresh` is awaited before `/metrics` and `/status` are rendered (GPU usage)."""
         if self._metrics_address is not None:
             host, port = self._metrics_address
-            self._metrics_server = MetricsServer(host, port, self.metrics, self.status)
+            self._metrics_server = MetricsServer(
+                host, port, self.metrics, self.status, refresh=refresh
+            )
             await self._metrics_server.start()
 
     async def close_metrics_server(self) -> None:

@@ -22,6 +22,8 @@ from sharing_plugin.kubelet.api.constants import KUBELET_SOCKET, POD_RESOURCES_D
 from sharing_plugin.kubelet.api.podresources.v1 import api_pb2 as pr
 from sharing_plugin.kubelet.api.podresources.v1 import api_pb2_grpc as pr_grpc
 from sharing_plugin.kubelet.recording import PodResourcesRecorder
+from sharing_plugin.usage.model import HeldReplica
+from sharing_plugin.usage.model import Holder as Container
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +68,20 @@ class PodResourcesClient:
             for entry in container.devices
             for device_id in entry.device_ids
         }
+
+    async def held_replicas(self) -> list[HeldReplica] | None:
+        """Every device a container holds, with its resource; None when kubelet cannot tell."""
+        response = await self._list()
+        if response is None:
+            return None
+        held = {
+            HeldReplica(device_id, entry.resource_name, Container(pod.namespace, pod.name, c.name))
+            for pod in response.pod_resources
+            for c in pod.containers
+            for entry in c.devices
+            for device_id in entry.device_ids
+        }  # a set: kubelet answers a device once per NUMA node it spans
+        return sorted(held, key=lambda r: (r.resource, r.device_id))
 
     async def close(self) -> None:
         channel, self._channel = self._channel, None

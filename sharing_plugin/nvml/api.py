@@ -19,6 +19,7 @@ on as an `NvmlApi`.
 from __future__ import annotations
 
 import ctypes
+from collections.abc import Sequence
 from typing import NewType, Protocol
 
 DeviceHandle = NewType("DeviceHandle", object)
@@ -34,6 +35,8 @@ EventSetHandle = NewType("EventSetHandle", object)
 class MemoryInfo(Protocol):
     @property
     def total(self) -> int: ...
+    @property
+    def used(self) -> int: ...
 
 
 class PciInfo(Protocol):
@@ -80,6 +83,36 @@ class ComputeInstanceProfileInfo(Protocol):
 class ComputeInstanceInfo(Protocol):
     @property
     def id(self) -> int: ...
+
+
+class ProcessInfo(Protocol):
+    """``nvmlProcessInfo_t`` as pynvml hands it out (a friendly object with the struct's
+    fields): `usedGpuMemory` is None where NVML reports it not available; the instance ids are
+    0xFFFFFFFF unless the GPU is in MIG mode."""
+
+    @property
+    def pid(self) -> int: ...
+    @property
+    def usedGpuMemory(self) -> int | None: ...
+    @property
+    def gpuInstanceId(self) -> int: ...
+    @property
+    def computeInstanceId(self) -> int: ...
+
+
+class ProcessUtilizationSample(Protocol):
+    """``nvmlProcessUtilizationSample_t``, and the fields ``nvmlProcessUtilizationInfo_v1_t``
+    shares with it: percentages over NVML's last sample period, `timeStamp` in CPU
+    microseconds."""
+
+    @property
+    def pid(self) -> int: ...
+    @property
+    def timeStamp(self) -> int: ...
+    @property
+    def smUtil(self) -> int: ...
+    @property
+    def memUtil(self) -> int: ...
 
 
 class EventData(Protocol):
@@ -204,6 +237,24 @@ class NvmlApi(Protocol):
         self, compute_instance: ComputeInstanceHandle, /
     ) -> ComputeInstanceInfo: ...
     def nvmlComputeInstanceDestroy(self, compute_instance: ComputeInstanceHandle, /) -> int: ...
+
+    # ---- processes ----
+    # pynvml sizes the buffers (NVML_ERROR_INSUFFICIENT_SIZE, then the real call) itself and
+    # returns lists; no running process is an empty list. The utilization calls raise
+    # NVML_ERROR_NOT_FOUND when no process had a sample since `timestamp`.
+
+    def nvmlDeviceGetComputeRunningProcesses(
+        self, device: DeviceHandle, /
+    ) -> Sequence[ProcessInfo]: ...
+    def nvmlDeviceGetMPSComputeRunningProcesses(
+        self, device: DeviceHandle, /
+    ) -> Sequence[ProcessInfo]: ...
+    def nvmlDeviceGetProcessUtilization(
+        self, device: DeviceHandle, timestamp: int, /
+    ) -> Sequence[ProcessUtilizationSample]: ...
+    def nvmlDeviceGetProcessesUtilizationInfo(
+        self, device: DeviceHandle, timestamp: int, /
+    ) -> Sequence[ProcessUtilizationSample]: ...
 
     # ---- events ----
 

@@ -24,6 +24,7 @@ import ipaddress
 import json
 import logging
 import re
+from collections.abc import Awaitable, Callable
 from http import HTTPStatus
 from types import TracebackType
 from urllib.parse import urlsplit
@@ -42,6 +43,10 @@ _HOSTNAME = re.compile(rf"(?=.{{1,253}}$){_LABEL}(\.{_LABEL})*")  # RFC 1123 nam
 _PATHS = "/metrics, /healthz, /readyz or /status"
 # Answered past the connection cap: cheap, and what kubelet's probes ask for.
 _PROBES = frozenset({"/healthz", "/readyz"})
+# What is read at request time before rendering (GPU usage); a refresh stuck longer than this
+# is left to finish on its own and the answer is rendered from what is there.
+_REFRESHED = frozenset({"/metrics", "/status"})
+_REFRESH_TIMEOUT_S = 2.0
 
 
 def parse_metrics_address(text: str) -> tuple[str, int] | None:
@@ -105,7 +110,10 @@ class MetricsServer:
         write_timeout: float = 5.0,
         max_connections: int = 64,
         probe_read_timeout: float = 1.0,
+        refresh: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
+        """`refresh` is awaited before `/metrics` and `/status` are rendered (bounded), so
+        what is measured at request time is current in both."""
         self.host = host
         self._requested_port = port
         self.metrics = metrics
@@ -117,6 +125,7 @@ class MetricsServer:
         self._probe_read_timeout = min(read_timeout, probe_read_timeout)
         self._server: asyncio.Server | None = None
         self._connections: set[asyncio.Task[None]] = set()
+        self._refresh = refresh
 
     @property
     def port(self) -> int:
@@ -289,6 +298,8 @@ class MetricsServer:
             return
         head_only = method == "HEAD"
         content_type = "text/plain; charset=utf-8"
+        if self._refresh is not None and path in _REFRESHED:
+            await self._refreshed(path)
         try:
             if path == "/metrics":
                 status, body, content_type = HTTPStatus.OK, self.metrics.render(), CONTENT_TYPE
@@ -308,6 +319,20 @@ class MetricsServer:
             log.exception("metrics server: cannot render %s", path)
             status, body = HTTPStatus.INTERNAL_SERVER_ERROR, b"internal error, see the plugin log\n"
         await self._send(writer, status, body, content_type=content_type, head_only=head_only)
+
+    async def _refreshed(self, path: str) -> None:
+        assert self._refresh is not None
+        try:
+            async with asyncio.timeout(_REFRESH_TIMEOUT_S):
+                await self._refresh()
+        except TimeoutError:
+            log.warning(
+                "metrics server: reading GPU usage for %s took over %.0f s",
+                path,
+                _REFRESH_TIMEOUT_S,
+            )
+        except Exception:
+            log.exception("metrics server: reading GPU usage for %s failed", path)
 
     async def _send(
         self,

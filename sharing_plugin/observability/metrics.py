@@ -203,6 +203,15 @@ class Metrics:
             ["operation", "result"],
             registry=r,
         )
+        self._share_exceeded = Counter(
+            f"{_PREFIX}_gpu_share_exceeded_events",
+            "Pods found over their memory share of a shared GPU for longer than allowed "
+            "(each a GpuShareExceeded Warning Event).",
+            ["gpu"],
+            registry=r,
+        )
+        self._allocate_listeners: list[Callable[[str], None]] = []
+        self._expositions: list[Callable[[], bytes]] = []
 
     # --- resources ---------------------------------------------------------------------------
 
@@ -244,6 +253,14 @@ class Metrics:
         """Count one Allocate call and record how long answering it took."""
         self._allocations.labels(resource, _result(ok)).inc()
         self._allocate_seconds.labels(resource).observe(seconds)
+        if ok:
+            for listener in self._allocate_listeners:
+                listener(resource)
+
+    def on_allocate(self, listener: Callable[[str], None]) -> None:
+        """Call `listener(resource)` after each granted Allocate: a pod just got devices,
+        which is when watching GPU usage starts to matter (nothing polls before)."""
+        self._allocate_listeners.append(listener)
 
     def count_registration(self, resource: str, *, ok: bool = True) -> None:
         self._registrations.labels(resource, _result(ok)).inc()
@@ -281,6 +298,9 @@ class Metrics:
         """Count one MIG operation, e.g. ``create-gpu-instance`` or ``destroy-gpu-instance``."""
         self._mig_operations.labels(operation, _result(ok)).inc()
 
+    def count_share_exceeded(self, gpu: str) -> None:
+        self._share_exceeded.labels(gpu).inc()
+
     def count_mps_restarts(self, resource: str, restarts: int) -> None:
         """Add `restarts` restarts of `resource`'s MPS control daemon."""
         if restarts > 0:
@@ -288,6 +308,11 @@ class Metrics:
 
     # --- exposition --------------------------------------------------------------------------
 
+    def add_exposition(self, source: Callable[[], bytes]) -> None:
+        """Series written at scrape time by `source`, in the text format, after the registry's
+        (families of their own names: per-pod GPU usage)."""
+        self._expositions.append(source)
+
     def render(self) -> bytes:
         """Every metric in the text exposition format (`CONTENT_TYPE`)."""
-        return generate_latest(self.registry)
+        return generate_latest(self.registry) + b"".join(s() for s in self._expositions)

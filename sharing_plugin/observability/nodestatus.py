@@ -2,11 +2,13 @@
 
 What `kubectl describe node` and `kubectl get events` show an admin after an edit:
 - Events (reasons `ConfigApplied`, `ConfigRejected`, `MigLayoutPending`, `MigLayoutApplied`,
-  `GpuUnhealthy`, `GpuRecovered`) on the Node, in the `default` namespace as the kubelet files
-  node events. Like client-go's event recorder, a repeat of the same reason and message within
-  ten minutes bumps the first event's `count` instead of creating another, and each reason
-  has a token bucket (burst 25, one more every 5 minutes) so an Xid storm or an edit loop
-  cannot flood the API server; what the bucket refuses is dropped and counted in the log.
+  `GpuUnhealthy`, `GpuRecovered`, `GpuShareExceeded`) on the Node, in the `default` namespace
+  as the kubelet files node events; `GpuShareExceeded` also on the pod, in its namespace. Like
+  client-go's event recorder, a repeat of the same reason and message about the same object
+  within ten minutes bumps the first event's `count` instead of creating another, and each
+  reason has a token bucket (burst 25, one more every 5 minutes, shared by every object) so an
+  Xid storm or an edit loop cannot flood the API server; what the bucket refuses is dropped
+  and counted in the log.
 - With `--node-labels on`, the GFD-compatible labels of the plan, merge-patched so that only
   the keys this plugin owns change (stale ones are removed).
 - The label `nvidia.com/device-plugin.config.state` = `success` | `failed` | `pending` and the
@@ -48,10 +50,20 @@ EventType = Literal["Normal", "Warning"]
 
 
 @dataclass(frozen=True, slots=True)
+class PodRef:
+    """The pod an event is about (the Node when none is given)."""
+
+    namespace: str
+    name: str
+    uid: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class NodeEvent:
     reason: str
     message: str
     type: EventType = "Normal"
+    pod: PodRef | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,6 +77,7 @@ class _Filed:
     count: int
     first: str
     last_at: float
+    namespace: str = EVENT_NAMESPACE
 
 
 @dataclass(slots=True)
@@ -88,15 +101,18 @@ class NodeStatusReporter:
         self._clock = clock
         self._queue: asyncio.Queue[NodeEvent | tuple[State, str | None] | _Labels] = asyncio.Queue()
         self._owned_on_node: set[str] | None = None  # our labels the Node carries
-        self._filed: dict[tuple[str, str], _Filed] = {}
+        self._filed: dict[tuple[PodRef | None, str, str], _Filed] = {}
         self._buckets: dict[str, _Bucket] = {}
         self._written: tuple[State | None, str | None] = (None, None)
         self.dropped = 0
 
     # --- what the daemon reports (never waits) -------------------------------------------------
 
-    def event(self, reason: str, message: str, *, warning: bool = False) -> None:
-        self._queue.put_nowait(NodeEvent(reason, message[:_MAX_MESSAGE], _type(warning)))
+    def event(
+        self, reason: str, message: str, *, warning: bool = False, pod: PodRef | None = None
+    ) -> None:
+        """An event on the Node, or on `pod`."""
+        self._queue.put_nowait(NodeEvent(reason, message[:_MAX_MESSAGE], _type(warning), pod))
 
     def state(self, state: State, config: str | None) -> None:
         """The config-state label and the `NAME@HASH` annotation (None leaves it as it is)."""
@@ -167,7 +183,7 @@ class NodeStatusReporter:
 
     async def _file(self, event: NodeEvent) -> None:
         now = self._clock()
-        key = (event.reason, event.message)
+        key = (event.pod, event.reason, event.message)
         filed = self._filed.get(key)
         if filed is not None and now - filed.last_at < _AGGREGATE_S:
             await self._bump(filed, now)
@@ -191,14 +207,20 @@ class NodeStatusReporter:
         from lightkube.resources.core_v1 import Event
 
         stamp = _now()
+        pod = event.pod
+        if pod is None:
+            namespace, name = EVENT_NAMESPACE, self.node_name
+            involved: dict[str, str] = {"apiVersion": "v1", "kind": "Node", "name": name}
+        else:
+            namespace, name = pod.namespace, pod.name
+            involved = {"apiVersion": "v1", "kind": "Pod", "name": name, "namespace": namespace}
+            if pod.uid:
+                involved["uid"] = pod.uid
         body = {
             "apiVersion": "v1",
             "kind": "Event",
-            "metadata": {
-                "name": f"{self.node_name}.{time.time_ns():x}",
-                "namespace": EVENT_NAMESPACE,
-            },
-            "involvedObject": {"apiVersion": "v1", "kind": "Node", "name": self.node_name},
+            "metadata": {"name": f"{name}.{time.time_ns():x}", "namespace": namespace},
+            "involvedObject": involved,
             "reason": event.reason,
             "message": event.message,
             "type": event.type,
@@ -210,8 +232,8 @@ class NodeStatusReporter:
             "reportingInstance": self.node_name,
         }
         created = await self._client.create(cast(Event, Event.from_dict(body)))
-        name = created.metadata.name if created.metadata and created.metadata.name else ""
-        return _Filed(name=name, count=1, first=stamp, last_at=now)
+        filed = created.metadata.name if created.metadata and created.metadata.name else ""
+        return _Filed(name=filed, count=1, first=stamp, last_at=now, namespace=namespace)
 
     async def _bump(self, filed: _Filed, now: float) -> None:
         from lightkube.resources.core_v1 import Event
@@ -223,7 +245,7 @@ class NodeStatusReporter:
             Event,
             filed.name,
             {"count": filed.count, "lastTimestamp": _now()},
-            namespace=EVENT_NAMESPACE,
+            namespace=filed.namespace,
             patch_type=PatchType.MERGE,
         )
 

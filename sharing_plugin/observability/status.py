@@ -14,7 +14,7 @@ wants.
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -53,6 +53,7 @@ class StatusBoard:
         self._mig: dict[str, tuple[MigState, str | None]] = {}
         self._mps: dict[str, dict[str, Any]] = {}
         self._dra: dict[str, Any] | None = None
+        self._usage: Callable[[], Mapping[str, Any] | None] | None = None
 
     # --- config ------------------------------------------------------------------------------
 
@@ -149,6 +150,13 @@ class StatusBoard:
         config asks when it cannot."""
         self._dra = {"sharedDevices": shared_devices, "reason": reason}
 
+    # --- GPU usage ---------------------------------------------------------------------------
+
+    def set_usage(self, document: Callable[[], Mapping[str, Any] | None] | None) -> None:
+        """Where the `usage` key (who holds and uses each GPU) comes from: a function of the
+        latest reading, built only when `/status` is asked for (None from it: not read yet)."""
+        self._usage = document
+
     # --- readiness and JSON ------------------------------------------------------------------
 
     def readiness(self) -> tuple[bool, str]:
@@ -191,4 +199,8 @@ class StatusBoard:
             },
             "mps": {name: dict(daemon) for name, daemon in sorted(self._mps.items())},
             **({"dra": dict(self._dra)} if self._dra is not None else {}),
+            **({"usage": dict(usage)} if (usage := self._usage_document()) is not None else {}),
         }
+
+    def _usage_document(self) -> Mapping[str, Any] | None:
+        return self._usage() if self._usage is not None else None

@@ -183,6 +183,9 @@ def options_from(env: dict[str, str], root: Path) -> RunOptions:
     if "LABELS_FILE" in env:
         (root / "features.d").mkdir()
         env["LABELS_FILE"] = str(root / "features.d" / Path(env["LABELS_FILE"]).name)
+    if "PROC_ROOT" in env:  # the host's /proc, mounted: a tree the test writes cgroups into
+        (root / "proc").mkdir()
+        env["PROC_ROOT"] = str(root / "proc")
     with environment(env):
         parser = argparse.ArgumentParser()
         run_command.register(parser.add_subparsers())
@@ -218,7 +221,10 @@ class Deployed:
 
 @contextlib.asynccontextmanager
 async def deployed(
-    root: Path, docs: list[dict[str, Any]], permissions: Permissions
+    root: Path,
+    docs: list[dict[str, Any]],
+    permissions: Permissions,
+    gpus: str = "simulated:dgx-a100-80gb",
 ) -> AsyncIterator[Deployed]:
     """The daemon with the options the DaemonSet's env gives `run`, and the ConfigMap's data
     both in the API and mounted."""
@@ -240,7 +246,7 @@ async def deployed(
             async with running(
                 root,
                 None,
-                gpus="simulated:dgx-a100-80gb",
+                gpus=gpus,
                 config_path=volume.root,
                 kube_client=client,
                 **kept,
@@ -315,6 +321,55 @@ async def test_rbac_is_exactly_what_the_daemon_asks_for(
     )
     published = {k for k in metadata["labels"] if k.startswith("nvidia.com/gpu.")}
     assert bool(published) == (install == "node-labels")
+
+
+async def test_the_usage_component_grants_exactly_what_naming_gpu_processes_needs(
+    short_dir: Path, tmp_path: Path
+) -> None:
+    """A GPU process in a pod's cgroup: the pods on the node are listed and watched, and a pod
+    over its share gets its GpuShareExceeded event (in its namespace) with the base's grant."""
+    docs = render(tmp_path, ("usage",))
+    allowed = grants(docs)
+    permissions = Permissions({(g.verb, g.resource) for g in allowed})
+    gpus = [{"product": "NVIDIA A100-SXM4-80GB", "count": 8}]
+    node_file = tmp_path / "node.yaml"
+    node_file.write_text(yaml_fast.dump({"gpus": gpus}))
+    async with deployed(short_dir, docs, permissions, gpus=f"simulated:{node_file}") as node:
+        await a_node_s_life(node)
+        run, api = node.run, node.api
+        assert run.daemon.options.proc_root == short_dir / "proc"
+        node.edit("default", sliced(2) + "usage:\n  overShareSeconds: 0\n")
+        await eventually(lambda: run.daemon.status.last_error is None)
+        container = "f" * 64
+        pod = api.put_pod(
+            "ml", "greedy", node=NODE, containers={"main": f"containerd://{container}"}
+        )
+        uid = pod["metadata"]["uid"].replace("-", "_")
+        (short_dir / "proc" / "4242").mkdir()
+        (short_dir / "proc" / "4242" / "cgroup").write_text(
+            f"0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{uid}.slice/"
+            f"cri-containerd-{container}.scope\n"
+        )
+        held = await run.kubelet.admit_pod("greedy", "ml", containers={"main": {GPU: 1}})
+        (replica,) = held.device_ids("main", GPU)
+        index = next(g.index for g in run.nvml.gpus if replica.startswith(g.uuid))
+        tmp = node_file.with_name("node.tmp")
+        tmp.write_text(
+            yaml_fast.dump(
+                {"gpus": gpus, "processes": [{"gpu": index, "pid": 4242, "memory": "50Gi"}]}
+            )
+        )
+        tmp.replace(node_file)
+        await eventually(
+            lambda: any(e["reason"] == "GpuShareExceeded" for e in api.events("ml")), within=10
+        )
+        await run.daemon.pipeline.reports.node.reporter.flush()  # type: ignore[union-attr]
+    refused = not_allowed(api.requests, allowed)
+    assert not refused, f"the code asks for what the RBAC in deploy/ does not grant: {refused}"
+    unused = [g for g in allowed if not not_allowed(api.requests, [h for h in allowed if h != g])]
+    assert not unused, f"RBAC in deploy/ grants what the code never asks for: {unused}"
+    pods = {(a.verb, a.namespace) for a in map(asked, api.requests) if a.resource == "pods"}
+    assert pods == {("list", None), ("watch", None)}
 
 
 async def test_a_missing_rule_is_found(short_dir: Path, tmp_path: Path) -> None:

@@ -284,3 +284,24 @@ async def test_many_concurrent_scrapes(served: MetricsServer) -> None:
     responses = await asyncio.gather(*(get(served.port, "/metrics") for _ in range(40)))
     assert all(r.status == 200 for r in responses)
     assert all(b"7168.0" in r.body for r in responses)
+
+
+async def test_refresh_runs_before_metrics_and_status_and_its_failure_is_no_outage() -> None:
+    asked: list[str] = []
+    metrics = Metrics()
+
+    async def refresh() -> None:
+        asked.append("refresh")
+        if len(asked) > 2:
+            raise RuntimeError("NVML went away")
+        metrics.set_devices(GPU, total=len(asked), healthy=0)  # what the request then shows
+
+    async with MetricsServer("127.0.0.1", 0, metrics, StatusBoard(), refresh=refresh) as s:
+        first = await get(s.port, "/metrics")
+        assert b'sharing_plugin_devices{resource="nvidia.com/gpu"} 1.0' in first.body
+        assert (await get(s.port, "/status")).status == 200
+        assert (await get(s.port, "/healthz")).status == 200  # probes do not read anything
+        failed = await get(s.port, "/metrics")
+        assert failed.status == 200  # served from what is there
+        assert b'sharing_plugin_devices{resource="nvidia.com/gpu"} 2.0' in failed.body
+    assert asked == ["refresh"] * 3

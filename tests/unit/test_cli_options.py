@@ -65,3 +65,16 @@ def test_socket_path_over_the_limit_names_path_and_limit() -> None:
         "mount the kubelet directory at a path at least 1 byte shorter and pass that as "
         "--kubelet-dir"
     )
+
+
+def test_proc_root_comes_from_the_flag_or_proc_root(monkeypatch: pytest.MonkeyPatch) -> None:
+    from pathlib import Path
+
+    from sharing_plugin.cli import _parser
+    from sharing_plugin.cli.run import run_options
+
+    assert run_options(_parser().parse_args(["run"])).proc_root == Path("/proc")
+    monkeypatch.setenv("PROC_ROOT", "/host/proc")
+    assert run_options(_parser().parse_args(["run"])).proc_root == Path("/host/proc")
+    flagged = _parser().parse_args(["run", "--proc-root", "/mnt/proc"])
+    assert run_options(flagged).proc_root == Path("/mnt/proc")

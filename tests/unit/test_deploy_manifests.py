@@ -261,6 +261,7 @@ def test_the_components_are_the_documented_ones() -> None:
         "node-labels",
         "no-api",
         "mps",
+        "usage",
     }
     for name in on_disk:
         assert (
@@ -270,6 +271,27 @@ def test_the_components_are_the_documented_ones() -> None:
     # the base's comment lists every component an admin can pick
     documented = (DEPLOY / "kustomization.yaml").read_text()
     assert all(f"components/{name}" in documented for name in on_disk)
+
+
+@needs_kubectl
+def test_usage_component_mounts_the_host_proc_read_only_and_points_proc_root_there(
+    tmp_path: Path,
+) -> None:
+    docs = with_components(tmp_path, "usage")
+    pod = rendered_pod(docs)
+    (container,) = pod["containers"]
+    assert {"name": "PROC_ROOT", "value": "/host/proc"} in container["env"]
+    (mount,) = [m for m in container["volumeMounts"] if m["mountPath"] == "/host/proc"]
+    assert mount["readOnly"] is True
+    (volume,) = [v for v in pod["volumes"] if v["name"] == mount["name"]]
+    assert volume["hostPath"] == {"path": "/proc", "type": "Directory"}
+    assert "hostPID" not in pod
+    (role,) = [
+        d for d in docs if d["kind"] == "ClusterRole" and d["metadata"]["name"].endswith("-pods")
+    ]
+    assert role["rules"] == [{"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "watch"]}]
+    base = [d for d in kustomize(DEPLOY) if d["kind"] == "ClusterRole"]
+    assert all("pods" not in str(d["rules"]) for d in base)  # only with the component
 
 
 @needs_kubectl

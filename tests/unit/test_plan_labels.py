@@ -144,7 +144,8 @@ def expected(example_name: str, preset: str) -> dict[str, str] | None:
             strategy="time-slicing" if shared else "none",
             suffix="-SHARED" if shared else "",
         )
-    if example_name == "time-slicing":  # renameByDefault: replicas as nvidia.com/gpu.shared
+    # renameByDefault: replicas as nvidia.com/gpu.shared (usage: the same sharing, judged)
+    if example_name in ("time-slicing", "usage"):
         physical = 6 if preset == "a100-mig-mixed" else count
         return {
             **gpu_labels(preset, replicas=4, strategy="time-slicing"),
@@ -240,6 +241,7 @@ def test_the_examples_checked_are_all_there_are() -> None:
         "reference-health",
         "reference-readme",
         "time-slicing",
+        "usage",
     ]
 
 

@@ -2,9 +2,9 @@
 
 A node description is a small YAML file (or one of the built-in presets) that the simulated NVML
 impersonates. It is parsed strictly, like the config: unknown keys are errors, so a typo does not
-silently produce a different node. The `faults` list and `driverLoaded` are re-read while a process
-runs; only those parts may change under a running simulator, which is why they are also parsed
-on their own.
+silently produce a different node. The `faults` and `processes` lists and `driverLoaded` are
+re-read while a process runs; only those parts may change under a running simulator, which is
+why each is also parsed on its own.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from pydantic.alias_generators import to_camel
 
 from sharing_plugin.errors import ConfigError, Problem
+from sharing_plugin.sim.nvml.workload import Process, UtilizationCall
 
 PRESET_PACKAGE = "sharing_plugin.sim.nvml.presets"
 
@@ -79,6 +80,8 @@ class NodeDescription(_Strict):
     gpus: tuple[GpuGroup, ...] = Field(min_length=1)
     nvlink: Literal["all", "none"] = "none"
     faults: tuple[Fault, ...] = ()
+    processes: tuple[Process, ...] = ()  # re-read while running, like faults
+    driver_lacks: tuple[UtilizationCall, ...] = ()
     # False: the NVIDIA driver is not loaded (yet): nvmlInit fails, as on a node still
     # installing it at boot. Re-read while a process runs, like `faults`.
     driver_loaded: bool = True

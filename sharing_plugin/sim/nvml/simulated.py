@@ -13,9 +13,10 @@ from __future__ import annotations
 import ctypes
 import logging
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import pynvml
 
@@ -30,6 +31,7 @@ from sharing_plugin.sim.nvml.node import (
     load_preset,
     read_driver_loaded,
 )
+from sharing_plugin.sim.nvml.processes import SimProcesses
 from sharing_plugin.sim.nvml.state import (
     NO_ID,
     SimComputeInstance,
@@ -105,6 +107,7 @@ class SimulatedNvml(SimMigOps):
             if node.path is not None
             else None
         )
+        self.processes = SimProcesses(gpus, node)
 
     @classmethod
     def from_preset(cls, name: str) -> SimulatedNvml:
@@ -258,12 +261,13 @@ class SimulatedNvml(SimMigOps):
         return self._gpu(handle).uuid
 
     def nvmlDeviceGetMemoryInfo(self, handle: object) -> SimMemory:
-        if isinstance(handle, SimComputeInstance):
-            self._alive(handle.gpu_instance.gpu)
-            total = handle.gpu_instance.spec.memory_mib << 20
+        device = self._device(handle)
+        if isinstance(device, SimComputeInstance):
+            total = device.gpu_instance.spec.memory_mib << 20
         else:
-            total = self._gpu(handle).memory_mib << 20
-        return SimMemory(total=total, free=total, used=0)
+            total = device.memory_mib << 20
+        used = min(self.processes.memory_used(device), total)
+        return SimMemory(total=total, free=total - used, used=used)
 
     def nvmlDeviceGetMinorNumber(self, handle: object) -> int:
         # MIG devices have no /dev/nvidiaN node of their own (they are reached through
@@ -317,6 +321,33 @@ class SimulatedNvml(SimMigOps):
         if a.numa_node == b.numa_node:
             return int(pynvml.NVML_TOPOLOGY_NODE)
         return int(pynvml.NVML_TOPOLOGY_SYSTEM)
+
+    # ---- processes ----
+
+    def nvmlDeviceGetComputeRunningProcesses(self, handle: object) -> list[Any]:
+        return self.processes.running(self._device(handle), mps=False)
+
+    def nvmlDeviceGetMPSComputeRunningProcesses(self, handle: object) -> list[Any]:
+        return self.processes.running(self._device(handle), mps=True)
+
+    def nvmlDeviceGetProcessUtilization(self, handle: object, timeStamp: int) -> Sequence[Any]:
+        return self.processes.utilization(
+            self._device(handle), timeStamp, call="nvmlDeviceGetProcessUtilization"
+        )
+
+    def nvmlDeviceGetProcessesUtilizationInfo(
+        self, handle: object, timeStamp: int
+    ) -> Sequence[Any]:
+        return self.processes.utilization(
+            self._device(handle), timeStamp, call="nvmlDeviceGetProcessesUtilizationInfo"
+        )
+
+    def _device(self, handle: object) -> SimGpu | SimComputeInstance:
+        """A GPU or MIG device handle, checked as NVML checks it."""
+        if isinstance(handle, SimComputeInstance):
+            self._alive(handle.gpu_instance.gpu)
+            return handle
+        return self._gpu(handle)
 
     # ---- events ----
 

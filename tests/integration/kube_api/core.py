@@ -1,4 +1,5 @@
-"""The core API group (`/api/v1`): Nodes, ConfigMaps and Events.
+"""The core API group (`/api/v1`): Nodes, ConfigMaps, Pods (list and watch by `spec.nodeName`)
+and Events.
 
 Served: GET of one object, list (`<Kind>List`, items without kind/apiVersion, as the real server
 sends them), watch, PATCH as merge patch (RFC 7386) or strategic merge patch (merged as a merge
@@ -37,6 +38,7 @@ from .wire import is_true, json_body, page_not_found, respond
 KINDS = {
     "nodes": Kind("nodes", "Node", False, (*META_FIELDS, "spec.unschedulable")),
     "configmaps": Kind("configmaps", "ConfigMap", True, META_FIELDS),
+    "pods": Kind("pods", "Pod", True, (*META_FIELDS, "spec.nodeName", "status.phase")),
     "events": Kind(
         "events",
         "Event",
@@ -167,6 +169,38 @@ class CoreResources(WatchStreams):
 
     def configmap(self, namespace: str, name: str) -> dict[str, Any]:
         return copy.deepcopy(self._objects[("configmaps", namespace, name)])
+
+    def put_pod(
+        self,
+        namespace: str,
+        name: str,
+        *,
+        node: str,
+        containers: Mapping[str, str] | None = None,
+        annotations: Mapping[str, str] | None = None,
+    ) -> dict[str, Any]:
+        """Create the Pod bound to `node`, or replace its container statuses (container name ->
+        runtime ID, e.g. ``containerd://<64 hex>``). Returns it as stored (its uid)."""
+        kind = KINDS["pods"]
+        current = self._objects.get(("pods", namespace, name))
+        obj = copy.deepcopy(current) if current else self._new(kind, namespace, name)
+        obj["metadata"]["annotations"] = dict(annotations or {})
+        containers = dict(containers or {})
+        obj["spec"] = {"nodeName": node, "containers": [{"name": c} for c in containers]}
+        obj["status"] = {
+            "phase": "Running",
+            "containerStatuses": [
+                {"name": c, "containerID": cid, "ready": True, "restartCount": 0, "image": "x",
+                 "imageID": "x"}
+                for c, cid in containers.items()
+            ],
+        }  # fmt: skip
+        self._store_checked(kind, obj)
+        return copy.deepcopy(self._objects[("pods", namespace, name)])
+
+    def delete_pod(self, namespace: str, name: str) -> None:
+        if self._commit(KINDS["pods"], namespace, name, None) is None:
+            raise KeyError((namespace, name))
 
     def events(self, namespace: str | None = None) -> list[dict[str, Any]]:
         """Event objects created (and patched) so far, in creation order."""

@@ -16,6 +16,7 @@ RESOURCES = (
     "nodes",
     "configmaps",
     "events",
+    "pods",
     # resource.k8s.io (DRA)
     "resourceslices",
     "resourceclaims",
