@@ -53,6 +53,7 @@ BENCHMARKS = (
     Benchmark("bench_allocate.py", ("--rounds", "1000"), 60),
     Benchmark("bench_reload.py", ("--rounds", "50", "--idle-s", "2"), 60),
     Benchmark("bench_fleet.py", (), 60),
+    Benchmark("bench_fanout.py", ("--rounds", "50"), 60),
     # 60 s idle window, as issue 17 measures it; ~100 s in all on 2 cores.
     Benchmark("bench_daemon.py", ("--rounds", "50", "--runs", "5", "--idle-s", "60"), 240),
 )
