@@ -68,7 +68,8 @@ SERVER_OPTIONS = (
     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
 )
 # Bounded so that SIGTERM -> exit stays within 2 s with every resource stopping at once: the
-# calls that can finish get STOP_GRACE_S, grpc's shutdown after them SHUTDOWN_BOUND_S.
+# calls that can finish get STOP_GRACE_S, grpc's shutdown after them SHUTDOWN_BOUND_S (twice
+# that when it was graceful and had to cancel at the end).
 STOP_GRACE_S = 0.5
 SHUTDOWN_BOUND_S = 0.1
 READY_TIMEOUT_S = 2.0
@@ -154,7 +155,7 @@ class _Listener:
     async def close(self, final: bytes | None) -> None:
         """Send `final` (when given) on every stream, end them, stop serving, delete the socket.
 
-        Returns within STOP_GRACE_S + SHUTDOWN_BOUND_S whatever the clients do. grpc cannot
+        Returns within STOP_GRACE_S + 2 x SHUTDOWN_BOUND_S whatever the clients do. grpc cannot
         finish shutting down while a connection has a write its peer never reads (a frozen
         process with its window open); that shutdown goes on in `lingering` until the peer
         reads or goes, and nothing of ours waits for it.
@@ -163,11 +164,16 @@ class _Listener:
         # have, instead of waiting out a grace period on streams that never end by themselves.
         self.servicer.broadcast(final, final=True)
         await self.servicer.wait_calls_ended(STOP_GRACE_S)
-        # What is left are streams whose readers do not read: cancelled now.
-        shutdown = asyncio.ensure_future(self.server.stop(None))
+        if self.servicer.unfinished():
+            # Streams whose readers do not read: cancelled now.
+            shutdown, bound = asyncio.ensure_future(self.server.stop(None)), SHUTDOWN_BOUND_S
+        else:
+            # A graceful shutdown (GOAWAY without an error) once nothing is left to finish.
+            stopping = self.server.stop(SHUTDOWN_BOUND_S)
+            shutdown, bound = asyncio.ensure_future(stopping), 2 * SHUTDOWN_BOUND_S
         self._lingering.add(shutdown)
         shutdown.add_done_callback(self._lingering.discard)
-        done, _ = await asyncio.wait({shutdown}, timeout=SHUTDOWN_BOUND_S)
+        done, _ = await asyncio.wait({shutdown}, timeout=bound)
         # Our name is unique, so this never removes a file kubelet created after a restart.
         self.path.unlink(missing_ok=True)
         if not done:
