@@ -27,6 +27,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "integration"))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 from figures import FigureLog, add_json_option, ms, p50_p99
 from k8s_fake import ConfigMapVolume
