@@ -141,7 +141,7 @@ async def main(rounds: int, figures: FigureLog) -> None:
                 print(f"stop() with 50 other streams open: {value}")
                 figures.add(
                     "stop() of that resource with the 50 other streams open",
-                    "<= 0.6 s (STOP_GRACE_S + SHUTDOWN_BOUND_S)",
+                    "<= 0.7 s (STOP_GRACE_S + 2 x SHUTDOWN_BOUND_S)",
                     value,
                 )
     finally:
