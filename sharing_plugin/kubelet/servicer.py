@@ -158,9 +158,9 @@ class _Stream:
         self.wake.set()
 
 
-# A send that has not completed in this long belongs to a reader that does not read: kubelet
-# takes a 7,168-device list in a few milliseconds.
-STALLED_SEND_S = 0.1
+# A send begun before the server started stopping and not completed in this long belongs to a
+# reader that does not read: kubelet takes a 7,168-device list in a few milliseconds.
+STALLED_SEND_S = 0.25
 
 
 class DevicePluginServicer:
@@ -184,6 +184,7 @@ class DevicePluginServicer:
         # Every call's task: grpc's, which ends once the call's last message is sent.
         self._calls: set[asyncio.Task[Any]] = set()
         self._closing = False
+        self._closing_at = 0.0  # loop time of the final broadcast
 
     @property
     def open_streams(self) -> int:
@@ -192,14 +193,16 @@ class DevicePluginServicer:
     def broadcast(self, payload: bytes | None, *, final: bool = False) -> None:
         """Queue `payload` on every open stream (replacing one not yet sent); `final` ends them
         after it, and a stream opened later after its first list."""
-        self._closing = self._closing or final
+        if final and not self._closing:
+            self._closing = True
+            self._closing_at = asyncio.get_running_loop().time()
         for stream in self._streams.values():
             stream.push(payload, final=final)
 
     async def wait_calls_ended(self, timeout: float) -> None:  # noqa: ASYNC109
-        """Wait (at most `timeout`) until every call has finished, except streams whose send
-        has been stalled for STALLED_SEND_S: their reader does not read, and the server's stop
-        cancels them.
+        """Wait (at most `timeout`) until every call has finished, except streams stuck in a
+        send begun before the final broadcast for STALLED_SEND_S: their reader does not read,
+        and the server's stop cancels them. A send begun since (the final list) is waited for.
 
         grpc.aio's `Server.stop()` with a grace period waits for every call, and a stream whose
         reader froze with its window open never finishes (its socket buffer is full), so the
@@ -216,7 +219,7 @@ class DevicePluginServicer:
             stalls = [
                 s.sending_since + STALLED_SEND_S
                 for t, s in self._streams.items()
-                if t in waiting and s.sending_since is not None
+                if t in waiting and s.sending_since is not None and self._before_closing(s)
             ]
             until = min([deadline, *stalls])
             await asyncio.wait(
@@ -227,10 +230,16 @@ class DevicePluginServicer:
         """The tasks of the calls still running."""
         return {t for t in self._calls if not t.done()}
 
+    def _before_closing(self, stream: _Stream) -> bool:
+        since = stream.sending_since
+        return self._closing and since is not None and since < self._closing_at
+
     def _stalled(self, task: asyncio.Task[Any], now: float) -> bool:
         stream = self._streams.get(task)
-        since = stream.sending_since if stream is not None else None
-        return since is not None and now - since >= STALLED_SEND_S
+        if stream is None or not self._before_closing(stream):
+            return False
+        assert stream.sending_since is not None
+        return now - stream.sending_since >= STALLED_SEND_S
 
     def _track(self) -> asyncio.Task[Any] | None:
         call = asyncio.current_task()
