@@ -12,17 +12,22 @@ simulated:dgx-a100-80gb`) against the in-package kubelet simulator in this proce
   and the oldest deleted beyond `--live-pods`, so admissions race every reload;
 - kubelet restarts every `--kubelet-restart-every` reloads (the plugin re-registers).
 
-Reported: RSS growth per 1,000 reloads after `--warmup` reloads (least-squares slope of VmRSS
-sampled every 100 reloads; goal: none), VmHWM, failed admissions (the plugin refused an Allocate
-or a device was granted twice; goal 0) next to admissions that found no free device or no
-registered resource (kubelet's own answers while a resource is renamed or kubelet restarts),
-Allocate round trip p50/p99 during the storm (timed by the simulator as kubelet would), and
-reload latency p50/p99.
+Reported: RSS growth per 100 reloads after `--warmup` reloads (least-squares slope of VmRSS
+sampled every 100 reloads; goal: <= 50 KiB per 100 reloads, issue 24), VmHWM, failed
+admissions (the plugin refused an Allocate or a device was granted twice; goal 0) next to
+admissions that found no free device or no registered resource (kubelet's own answers while a
+resource is renamed or kubelet restarts), Allocate round trip p50/p99 during the storm (timed by
+the simulator as kubelet would), and reload latency p50/p99.
+
+With `--tracemalloc` the plugin runs under tracemalloc (`traced_run.py`, about three times
+slower) and, at each RSS sample, reports the Python heap it traces too: the part of the growth
+that is Python objects (held by our code) rather than memory the C libraries keep.
 
 Run from the repository root (bounded: at most `--max-s`, default 280 s, plus start and stop):
 
     .venv/bin/python bench/bench_soak.py                # 3,000 reloads
     .venv/bin/python bench/bench_soak.py --quick        # 600 reloads, about a minute
+    .venv/bin/python bench/bench_soak.py --reloads 1500 --warmup 300 --tracemalloc
 """
 
 from __future__ import annotations
@@ -30,7 +35,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import random
+import signal
 import statistics
 import sys
 import tempfile
@@ -86,6 +93,23 @@ def slope_per_1000(points: list[tuple[int, float]]) -> float:
         return 0.0
     cov = sum((x - mean_x) * (y - mean_y) for x, y in points)
     return cov / var * 1000
+
+
+class TracedPlugin(PluginProcess):
+    """The plugin under tracemalloc (`traced_run.py`); `traced_kib()` asks it for its heap."""
+
+    def __init__(self, args: list[str], out: Path) -> None:
+        super().__init__(args)
+        self.args = [sys.executable, str(ROOT / "bench" / "traced_run.py"), str(out), *args]
+        self.out = out
+
+    async def traced_kib(self) -> float:
+        before = self.out.stat().st_mtime_ns if self.out.exists() else 0
+        os.kill(self.pid, signal.SIGUSR1)
+        async with asyncio.timeout(30):
+            while not self.out.exists() or self.out.stat().st_mtime_ns == before:  # noqa: ASYNC110
+                await asyncio.sleep(0.01)
+        return int(self.out.read_text()) / 1024
 
 
 @dataclass
@@ -148,12 +172,18 @@ async def soak(args: argparse.Namespace, figures: FigureLog) -> int:
             "--metrics-address", "off",
             "--log-level", "warning",
         ]  # fmt: skip
+        process = (
+            TracedPlugin(plugin_args, root / "traced")
+            if args.tracemalloc
+            else PluginProcess(plugin_args)
+        )
         async with (
             KubeletSimulator(root, grace_period=1.0, dial_timeout=5.0) as kubelet,
-            PluginProcess(plugin_args) as plugin,
+            process as plugin,
         ):
-            await kubelet.wait_for(lambda: kubelet.allocatable(GPU) == 2 * GPUS, timeout=20)
-            code = await run_storm(args, figures, kubelet, plugin.pid, config)
+            await kubelet.wait_for(lambda: kubelet.allocatable(GPU) == 2 * GPUS, timeout=60)
+            traced = plugin if isinstance(plugin, TracedPlugin) else None
+            code = await run_storm(args, figures, kubelet, plugin.pid, config, traced)
             plugin_code = await plugin.stop(timeout=5)
             errors = [line for line in plugin.stderr_lines if "Traceback" in line]
             print(f"plugin exit code {plugin_code}; tracebacks in its log: {len(errors)}")
@@ -166,6 +196,7 @@ async def run_storm(
     kubelet: KubeletSimulator,
     pid: int,
     config: Path,
+    traced: TracedPlugin | None = None,
 ) -> int:
     rng = random.Random(args.seed)
     loop = asyncio.get_running_loop()
@@ -173,6 +204,7 @@ async def run_storm(
     stop = asyncio.Event()
     admitting = asyncio.create_task(storm.admissions(args.pods_per_s, args.live_pods, stop))
     rss: list[tuple[int, float]] = [(0, vm_kib(pid, "VmRSS") / 1024)]
+    heap: list[tuple[int, float]] = []  # (reloads, traced Python heap in MiB)
     latencies: list[float] = []
     slow = 0
     restarts = 0
@@ -212,10 +244,14 @@ async def run_storm(
                     slow += 1
             if reloads % RSS_EVERY == 0:
                 rss.append((reloads, vm_kib(pid, "VmRSS") / 1024))
+                traced_text = ""
+                if traced is not None:
+                    heap.append((reloads, await traced.traced_kib() / 1024))
+                    traced_text = f" (Python heap {heap[-1][1] * 1024:,.1f} KiB)"
                 elapsed = loop.time() - started
                 print(
-                    f"{reloads:5d} reloads, {elapsed:6.1f} s: RSS {rss[-1][1]:.1f} MiB, "
-                    f"{storm.admitted} admitted, {len(storm.failed)} failed",
+                    f"{reloads:5d} reloads, {elapsed:6.1f} s: RSS {rss[-1][1]:.1f} MiB"
+                    f"{traced_text}, {storm.admitted} admitted, {len(storm.failed)} failed",
                     flush=True,
                 )
     finally:
@@ -234,8 +270,12 @@ async def run_storm(
     print(f"restarts; {slow} reloads not seen within {RELOAD_TIMEOUT_S:g} s")
     print(
         f"RSS: {rss[0][1]:.1f} MiB at start, {rss[-1][1]:.1f} MiB at the end, peak {peak:.1f} "
-        f"MiB; growth after {args.warmup} reloads: {growth:+.2f} MiB per 1,000 reloads"
+        f"MiB; growth after {args.warmup} reloads: {growth * 1024 / 10:+.1f} KiB per 100 reloads"
     )
+    heap_after = [(n, mib) for n, mib in heap if n >= args.warmup]
+    if len(heap_after) >= 2:
+        heap_growth = slope_per_1000(heap_after) * 1024 / 10
+        print(f"Python heap (tracemalloc): {heap_growth:+.2f} KiB per 100 reloads after warm-up")
     print(
         f"admissions: {storm.admitted} admitted, {len(storm.failed)} failed, "
         f"{storm.no_capacity} found no free device, {storm.not_registered} found the resource "
@@ -251,7 +291,13 @@ async def run_storm(
     print(f"reload (rename -> kubelet holds the list): p50 {reload_p50 * 1000:.1f} ms, "
           f"p99 {reload_p99 * 1000:.1f} ms")  # fmt: skip
 
-    figures.add("soak: RSS growth per 1,000 reloads", "none after warm-up", f"{growth:+.2f} MiB")
+    figures.add(
+        f"soak: RSS growth after {args.warmup:,} reloads (renames, 130 admissions/s, kubelet "
+        "restarts)",
+        "<= 50 KiB per 100 reloads (issue 24)",
+        f"{growth * 1024 / 10:+.1f} KiB per 100 reloads ({reloads:,} reloads, "
+        f"{rss[0][1]:.1f} -> {rss[-1][1]:.1f} MiB)",
+    )
     figures.add("soak: peak RSS (VmHWM)", "<= 256 MiB limit", f"{peak:.1f} MiB")
     figures.add("soak: failed admissions", "0", str(len(storm.failed) + len(twice)))
     figures.add("soak: Allocate p99 during the storm", "", f"{alloc_p99 * 1000:.2f} ms")
@@ -269,6 +315,9 @@ def main() -> int:
     parser.add_argument("--kubelet-restart-every", type=int, default=150)
     parser.add_argument("--seed", type=int, default=16)
     parser.add_argument("--quick", action="store_true", help="600 reloads, warm-up 200")
+    parser.add_argument(
+        "--tracemalloc", action="store_true", help="also report the plugin's traced Python heap"
+    )
     add_json_option(parser)
     args = parser.parse_args()
     # The simulator logs every stream a rename ends; the report says what counts.

@@ -47,6 +47,7 @@ from sharing_plugin.kubelet.servicer import (
     AllocateContext,
     DevicePluginServicer,
     Snapshot,
+    add_to_server,
     snapshot,
 )
 from sharing_plugin.plan import ResourcePlan
@@ -66,8 +67,11 @@ SERVER_OPTIONS = (
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
 )
-# Bounded so that SIGTERM -> exit stays within 2 s with every resource stopping at once.
+# Bounded so that SIGTERM -> exit stays within 2 s with every resource stopping at once: the
+# calls that can finish get STOP_GRACE_S, grpc's shutdown after them SHUTDOWN_BOUND_S (twice
+# that when it was graceful and had to cancel at the end).
 STOP_GRACE_S = 0.5
+SHUTDOWN_BOUND_S = 0.1
 READY_TIMEOUT_S = 2.0
 # Kubelet picks devices from the list it holds and calls Allocate two RPCs later
 # (GetPreferredAllocation first); a device withdrawn while it was Healthy is honoured this long.
@@ -76,7 +80,7 @@ WITHDRAWN_HONOURED_S = 5.0
 MAX_SOCKET_PATH_BYTES = 107
 _UNSAFE = re.compile(r"[^a-z0-9.-]+")
 _OUR_SOCKET = re.compile(r"sharing-(?:[a-z0-9.-]*-)?[0-9a-f]{8}\.sock")
-_EMPTY_LIST = dp.ListAndWatchResponse()
+_EMPTY_LIST = dp.ListAndWatchResponse().SerializeToString()
 
 
 def socket_name(resource_name: str, *, max_length: int = 64) -> str:
@@ -136,19 +140,54 @@ def _listened_on(path: Path) -> bool:
 class _Listener:
     """One started grpc.aio server, its servicer and its socket file."""
 
-    def __init__(self, server: grpc.aio.Server, servicer: DevicePluginServicer, path: Path):
+    def __init__(
+        self,
+        server: grpc.aio.Server,
+        servicer: DevicePluginServicer,
+        path: Path,
+        lingering: set[asyncio.Task[None]],
+    ) -> None:
         self.server = server
         self.servicer = servicer
         self.path = path
+        self._lingering = lingering
 
-    async def close(self, final: dp.ListAndWatchResponse | None) -> None:
-        # Ending our streams first lets server.stop() return as soon as unary calls finish,
-        # instead of waiting out the grace period on streams that never end by themselves.
+    async def close(self, final: bytes | None) -> None:
+        """Send `final` (when given) on every stream, end them, stop serving, delete the socket.
+
+        Returns within STOP_GRACE_S + 2 x SHUTDOWN_BOUND_S whatever the clients do. grpc cannot
+        finish shutting down while a connection has a write its peer never reads (a frozen
+        process with its window open); that shutdown goes on in `lingering` until the peer
+        reads or goes, and nothing of ours waits for it.
+        """
+        # Ending our streams first lets the server stop as soon as the calls that can finish
+        # have, instead of waiting out a grace period on streams that never end by themselves.
         self.servicer.broadcast(final, final=True)
-        await self.server.stop(STOP_GRACE_S)
-        await self.servicer.wait_streams_ended(STOP_GRACE_S)
+        await self.servicer.wait_calls_ended(STOP_GRACE_S)
+        if self.servicer.unfinished():
+            # Streams whose readers do not read: cancelled now.
+            shutdown, bound = asyncio.ensure_future(self.server.stop(None)), SHUTDOWN_BOUND_S
+        else:
+            # A graceful shutdown (GOAWAY without an error) once nothing is left to finish.
+            stopping = self.server.stop(SHUTDOWN_BOUND_S)
+            shutdown, bound = asyncio.ensure_future(stopping), 2 * SHUTDOWN_BOUND_S
+        self._lingering.add(shutdown)
+        shutdown.add_done_callback(self._lingering.discard)
+        done, _ = await asyncio.wait({shutdown}, timeout=bound)
         # Our name is unique, so this never removes a file kubelet created after a restart.
         self.path.unlink(missing_ok=True)
+        if not done:
+            log.warning(
+                "a client of %s does not read what was sent to it: its connection keeps the "
+                "stopped server's resources until it reads or disconnects",
+                self.path.name,
+            )
+            return
+        # grpc's tasks for the calls it cancelled resume a moment after its shutdown.
+        calls = self.servicer.unfinished()
+        if calls:
+            await asyncio.wait(calls, timeout=SHUTDOWN_BOUND_S)
+        await asyncio.sleep(0)
 
 
 def raise_if_cancelled() -> None:
@@ -184,6 +223,8 @@ class ResourceServer:
         self._grants = grants
         self._snapshot: Snapshot = snapshot(resource, context)
         self._listener: _Listener | None = None
+        # grpc shutdowns of earlier listeners that a client that does not read holds up.
+        self._lingering: set[asyncio.Task[None]] = set()
         self._registered = False
         self._lock = asyncio.Lock()
 
@@ -273,7 +314,7 @@ class ResourceServer:
         if new.key == old.key:
             return False
         if self._listener is not None:
-            self._listener.servicer.broadcast(new.message)
+            self._listener.servicer.broadcast(new.payload)
         return True
 
     # -- internals -----------------------------------------------------------------------------
@@ -301,7 +342,7 @@ class ResourceServer:
             self._name, lambda: self._snapshot, self._metrics, self._grants
         )
         server = grpc.aio.server(options=SERVER_OPTIONS)
-        dp_grpc.add_DevicePluginServicer_to_server(servicer, server)
+        add_to_server(servicer, server)
         try:
             server.add_insecure_port(f"unix://{path}")
         except RuntimeError as exc:
@@ -310,7 +351,7 @@ class ResourceServer:
                 "exists and is writable by the plugin"
             ) from exc
         await server.start()
-        listener = _Listener(server, servicer, path)
+        listener = _Listener(server, servicer, path, self._lingering)
         try:
             await self._check_answers(path)
         except BaseException:

@@ -19,6 +19,13 @@ ListAndWatch streams end only when kubelet cancels them or the server stops: kub
 stream that finishes as a dead plugin, marks every device Unhealthy and never reconnects
 (devicemanager/plugin/v1beta1/client.go). Each stream keeps only the latest pending message, so a
 burst of updates reaches a slow kubelet as one full list, not a backlog of stale ones.
+
+Other clients may hold streams on the same socket, and none of them may slow kubelet's: the list
+is serialised once per snapshot and every stream sends those bytes (a 7,168-device list is
+~450 KB, and serialising it once per stream put 50 streams' worth of work before the last one),
+and a stream whose reader stopped reading only ever waits on its own write. When the server
+stops, it waits for the calls that can still finish, not for a stream stuck behind a write its
+reader never takes (`wait_calls_ended`).
 """
 
 from __future__ import annotations
@@ -37,7 +44,6 @@ from sharing_plugin.errors import AllocationError
 from sharing_plugin.gpus.inventory import Inventory
 from sharing_plugin.kubelet import translate
 from sharing_plugin.kubelet.api.deviceplugin.v1beta1 import api_pb2 as dp
-from sharing_plugin.kubelet.api.deviceplugin.v1beta1 import api_pb2_grpc as dp_grpc
 from sharing_plugin.kubelet.grants import GrantLedger
 from sharing_plugin.kubelet.recording import KubeletRecorder
 from sharing_plugin.plan import (
@@ -55,6 +61,7 @@ Context = grpc.aio.ServicerContext[Any, Any]
 # What the plugin offers kubelet; kubelet reads these from GetDevicePluginOptions, not from the
 # RegisterRequest, so both places must say the same.
 OPTIONS = dp.DevicePluginOptions(pre_start_required=False, get_preferred_allocation_available=True)
+SERVICE = dp.DESCRIPTOR.services_by_name["DevicePlugin"].full_name
 
 
 @dataclass(frozen=True)
@@ -68,7 +75,8 @@ class AllocateContext:
 
 @dataclass(frozen=True, slots=True)
 class Snapshot:
-    """One consistent view of a resource: its plan, the flags, and the ListAndWatch message.
+    """One consistent view of a resource: its plan, the flags, and the ListAndWatch message,
+    serialised (`payload`).
 
     `withdrawn`: devices an earlier snapshot advertised Healthy that this one does not, each
     with the loop time until which Allocate still honours it.
@@ -77,7 +85,7 @@ class Snapshot:
     resource: ResourcePlan
     context: AllocateContext
     key: translate.DeviceKey
-    message: dp.ListAndWatchResponse = field(compare=False)
+    payload: bytes = field(compare=False)
     withdrawn: Mapping[str, tuple[VirtualDevice, float]] = field(
         default_factory=dict, compare=False
     )
@@ -126,30 +134,40 @@ def snapshot(
         resource=resource,
         context=context,
         key=key,
-        message=translate.list_response(resource.devices),
+        payload=translate.list_response(resource.devices).SerializeToString(),
         withdrawn=withdrawn,
     )
 
 
 class _Stream:
-    """One open ListAndWatch call: the latest message not yet sent, and whether it is the last."""
+    """One open ListAndWatch call: the latest list not yet sent, whether it is the last, and
+    since when (loop time) its handler has been waiting for a send to complete."""
 
-    __slots__ = ("final", "pending", "wake")
+    __slots__ = ("final", "pending", "sending_since", "wake")
 
     def __init__(self) -> None:
-        self.pending: dp.ListAndWatchResponse | None = None
+        self.pending: bytes | None = None
         self.final = False
+        self.sending_since: float | None = None
         self.wake = asyncio.Event()
 
-    def push(self, message: dp.ListAndWatchResponse | None, *, final: bool = False) -> None:
-        if message is not None:
-            self.pending = message
+    def push(self, payload: bytes | None, *, final: bool = False) -> None:
+        if payload is not None:
+            self.pending = payload
         self.final = self.final or final
         self.wake.set()
 
 
-class DevicePluginServicer(dp_grpc.DevicePluginServicer):
-    """The service behind one listening socket; `current` returns the snapshot to answer from."""
+# A send begun before the server started stopping and not completed in this long belongs to a
+# reader that does not read: kubelet takes a 7,168-device list in a few milliseconds.
+STALLED_SEND_S = 0.25
+
+
+class DevicePluginServicer:
+    """The service behind one listening socket; `current` returns the snapshot to answer from.
+
+    Registered with `add_to_server`, which sends ListAndWatch's serialised lists as they are.
+    """
 
     def __init__(
         self,
@@ -162,67 +180,111 @@ class DevicePluginServicer(dp_grpc.DevicePluginServicer):
         self._current = current
         self._metrics = metrics
         self._grants = grants
-        self._streams: set[_Stream] = set()
-        self._handlers: set[asyncio.Task[Any]] = set()
+        self._streams: dict[asyncio.Task[Any], _Stream] = {}
+        # Every call's task: grpc's, which ends once the call's last message is sent.
+        self._calls: set[asyncio.Task[Any]] = set()
+        self._closing = False
+        self._closing_at = 0.0  # loop time of the final broadcast
 
     @property
     def open_streams(self) -> int:
         return len(self._streams)
 
-    async def wait_streams_ended(self, timeout: float) -> None:  # noqa: ASYNC109
-        """Wait (bounded) until every ListAndWatch handler has finished.
+    def broadcast(self, payload: bytes | None, *, final: bool = False) -> None:
+        """Queue `payload` on every open stream (replacing one not yet sent); `final` ends them
+        after it, and a stream opened later after its first list."""
+        if final and not self._closing:
+            self._closing = True
+            self._closing_at = asyncio.get_running_loop().time()
+        for stream in self._streams.values():
+            stream.push(payload, final=final)
 
-        grpc.aio's `Server.stop()` returns once the core has shut down, while the handler tasks
-        it cancelled may not have run yet; waiting here leaves no task behind a stopped server.
+    async def wait_calls_ended(self, timeout: float) -> None:  # noqa: ASYNC109
+        """Wait (at most `timeout`) until every call has finished, except streams stuck in a
+        send begun before the final broadcast for STALLED_SEND_S: their reader does not read,
+        and the server's stop cancels them. A send begun since (the final list) is waited for.
+
+        grpc.aio's `Server.stop()` with a grace period waits for every call, and a stream whose
+        reader froze with its window open never finishes (its socket buffer is full), so the
+        grace ran out each time; after it, the cancellation could not complete either.
         """
-        if self._handlers:
-            await asyncio.wait(set(self._handlers), timeout=timeout)
-            # grpc's outer task for each call resumes right after its handler task ends.
-            await asyncio.sleep(0)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while True:
+            now = loop.time()
+            waiting = {t for t in self._calls if not t.done() and not self._stalled(t, now)}
+            if not waiting or now >= deadline:
+                return
+            # Woken when a call ends or when a stream's send becomes stalled.
+            stalls = [
+                s.sending_since + STALLED_SEND_S
+                for t, s in self._streams.items()
+                if t in waiting and s.sending_since is not None and self._before_closing(s)
+            ]
+            until = min([deadline, *stalls])
+            await asyncio.wait(
+                waiting, timeout=max(0.0, until - now), return_when="FIRST_COMPLETED"
+            )
 
-    def broadcast(self, message: dp.ListAndWatchResponse | None, *, final: bool = False) -> None:
-        """Queue `message` on every open stream (replacing one not yet sent); `final` ends them
-        after it."""
-        for stream in self._streams:
-            stream.push(message, final=final)
+    def unfinished(self) -> set[asyncio.Task[Any]]:
+        """The tasks of the calls still running."""
+        return {t for t in self._calls if not t.done()}
+
+    def _before_closing(self, stream: _Stream) -> bool:
+        since = stream.sending_since
+        return self._closing and since is not None and since < self._closing_at
+
+    def _stalled(self, task: asyncio.Task[Any], now: float) -> bool:
+        stream = self._streams.get(task)
+        if stream is None or not self._before_closing(stream):
+            return False
+        assert stream.sending_since is not None
+        return now - stream.sending_since >= STALLED_SEND_S
+
+    def _track(self) -> asyncio.Task[Any] | None:
+        call = asyncio.current_task()
+        if call is not None and call not in self._calls:
+            # The task outlives the handler (grpc still sends the answer or the status after
+            # it), so it leaves the set when it is done.
+            self._calls.add(call)
+            call.add_done_callback(self._calls.discard)
+        return call
 
     # -- the DevicePlugin service ------------------------------------------------------------
 
     async def GetDevicePluginOptions(
         self, request: dp.Empty, context: Context
     ) -> dp.DevicePluginOptions:
+        self._track()
         return OPTIONS
 
-    async def ListAndWatch(
-        self, request: dp.Empty, context: Context
-    ) -> AsyncIterator[dp.ListAndWatchResponse]:
+    async def ListAndWatch(self, request: dp.Empty, context: Context) -> AsyncIterator[bytes]:
+        call = self._track()
         stream = _Stream()
+        loop = asyncio.get_running_loop()
         # Registering the stream and reading the first list happen with no await in between, so
         # an update can neither slip between them nor be sent twice.
-        self._streams.add(stream)
-        handler = asyncio.current_task()
-        if handler is not None and handler not in self._handlers:
-            # The task outlives this generator (grpc still sends the status after it), so it
-            # leaves the set when it is done, not in `finally`.
-            self._handlers.add(handler)
-            handler.add_done_callback(self._handlers.discard)
-        first = self._current().message
+        if call is not None:
+            self._streams[call] = stream
+        payload: bytes | None = self._current().payload
         try:
-            yield first
-            while True:
+            while payload is not None:
+                stream.sending_since = loop.time()
+                yield payload
+                stream.sending_since = None
+                if self._closing and not stream.final:
+                    return  # opened after the final list: it had the current one
+                # Checked again before waiting: a push may land while this one is sent.
                 if stream.pending is None and not stream.final:
                     await stream.wake.wait()
                 stream.wake.clear()
-                message, stream.pending = stream.pending, None
-                if message is not None:
-                    # Checked again before waiting: a push may land while this one is sent.
-                    yield message
-                elif stream.final:
-                    return
+                payload, stream.pending = stream.pending, None
         finally:
-            self._streams.discard(stream)
+            if call is not None:
+                self._streams.pop(call, None)
 
     async def Allocate(self, request: dp.AllocateRequest, context: Context) -> dp.AllocateResponse:
+        self._track()
         # No await in here: the snapshot read and the grant noted happen in one step of the
         # loop, so a reload sees either both or neither.
         snap = self._current()
@@ -274,6 +336,7 @@ class DevicePluginServicer(dp_grpc.DevicePluginServicer):
     async def GetPreferredAllocation(
         self, request: dp.PreferredAllocationRequest, context: Context
     ) -> dp.PreferredAllocationResponse:
+        self._track()
         snap = self._current()
         policy = snap.context.flags.plugin.shared_devices_allocation_policy
         answers: list[dp.ContainerPreferredAllocationResponse] = []
@@ -298,8 +361,49 @@ class DevicePluginServicer(dp_grpc.DevicePluginServicer):
     async def PreStartContainer(
         self, request: dp.PreStartContainerRequest, context: Context
     ) -> dp.PreStartContainerResponse:
+        self._track()
         return dp.PreStartContainerResponse()
 
     def _observe(self, started: float, *, ok: bool) -> None:
         if self._metrics is not None:
             self._metrics.observe_allocate(self._name, time.perf_counter() - started, ok=ok)
+
+
+def _as_is(payload: bytes) -> bytes:
+    return payload
+
+
+def add_to_server(servicer: DevicePluginServicer, server: grpc.aio.Server) -> None:
+    """Serve `servicer` as `v1beta1.DevicePlugin` on `server`: the generated registration's
+    table, except that ListAndWatch sends the bytes it yields as they are."""
+    handlers = {
+        "GetDevicePluginOptions": grpc.unary_unary_rpc_method_handler(
+            servicer.GetDevicePluginOptions,
+            request_deserializer=dp.Empty.FromString,
+            response_serializer=dp.DevicePluginOptions.SerializeToString,
+        ),
+        "ListAndWatch": grpc.unary_stream_rpc_method_handler(
+            servicer.ListAndWatch,
+            request_deserializer=dp.Empty.FromString,
+            response_serializer=_as_is,
+        ),
+        "GetPreferredAllocation": grpc.unary_unary_rpc_method_handler(
+            servicer.GetPreferredAllocation,
+            request_deserializer=dp.PreferredAllocationRequest.FromString,
+            response_serializer=dp.PreferredAllocationResponse.SerializeToString,
+        ),
+        "Allocate": grpc.unary_unary_rpc_method_handler(
+            servicer.Allocate,
+            request_deserializer=dp.AllocateRequest.FromString,
+            response_serializer=dp.AllocateResponse.SerializeToString,
+        ),
+        "PreStartContainer": grpc.unary_unary_rpc_method_handler(
+            servicer.PreStartContainer,
+            request_deserializer=dp.PreStartContainerRequest.FromString,
+            response_serializer=dp.PreStartContainerResponse.SerializeToString,
+        ),
+    }
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))
+    # Registered methods skip the per-call lookup in the generic handlers (grpcio >= 1.63; the
+    # type stubs predate it).
+    server.add_registered_method_handlers(SERVICE, handlers)  # type: ignore[attr-defined]

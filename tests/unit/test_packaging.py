@@ -4,13 +4,16 @@ and an image whose inputs are pinned.
 A lower bound in pyproject.toml is the pin of constraints/minimum.txt, which `make test-min`
 installs and tests against (CI runs it), so each bound is a tested fact. The image installs only
 versions that constraints/docker.txt pins. The sdist is built here by the build backend, without
-network, and read.
+network, and read: from a copy of the tree, since the backend writes its egg-info folder into the
+tree it builds from (where a `python -m sharing_plugin` started from the repository root finds
+it before the installed metadata) and walks every folder while other test workers write there.
 """
 
 from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -230,10 +233,39 @@ def test_the_image_base_is_a_release_tag() -> None:
 # --- the sdist and its metadata ---------------------------------------------------------------
 
 
+# A checkout's own state, not its sources: left out of the copy, with one stand-in file each, so
+# that the sdist is still shown to leave such folders out.
+CHECKOUT_STATE = (".git", ".venv", "build", "dist", ".hypothesis", ".mypy_cache", ".ruff_cache")
+
+
+def copy_of_tree(destination: Path) -> Path:
+    """The source tree as it is now, copied file by file; a file that vanishes meanwhile (a
+    worker's temporary file) is not part of it."""
+    for folder, dirs, files in os.walk(ROOT):
+        here = Path(folder)
+        if here == ROOT:
+            dirs[:] = [d for d in dirs if d not in CHECKOUT_STATE and not d.endswith(".egg-info")]
+            files = [f for f in files if f not in CHECKOUT_STATE]  # .git of a worktree
+        target = destination / here.relative_to(ROOT)
+        target.mkdir(exist_ok=True)
+        for name in files:
+            if here.name == "__pycache__" and not name.endswith(".pyc"):
+                continue  # bytecode being written: a temporary name, renamed a moment later
+            try:
+                shutil.copy2(here / name, target / name)
+            except FileNotFoundError:
+                continue
+    for folder in CHECKOUT_STATE:
+        (destination / folder).mkdir()
+        (destination / folder / "stand-in").write_text("state of a checkout\n")
+    return destination
+
+
 @pytest.fixture(scope="module")
 def sdist(tmp_path_factory: pytest.TempPathFactory) -> tuple[set[str], str]:
     """The sdist built from this tree: its file names (without the top folder) and PKG-INFO."""
     out = tmp_path_factory.mktemp("sdist")
+    tree = copy_of_tree(tmp_path_factory.mktemp("tree"))
     # The backend pyproject.toml names, called as a build frontend calls it (`python -m build`
     # adds a second process and a dependency check: 0.6 s more CPU, nothing more to read).
     backend = tomllib.loads((ROOT / "pyproject.toml").read_text())["build-system"]["build-backend"]
@@ -245,7 +277,7 @@ def sdist(tmp_path_factory: pytest.TempPathFactory) -> tuple[set[str], str]:
             backend,
             str(out),
         ],
-        cwd=ROOT,
+        cwd=tree,
         check=True,
         capture_output=True,
         timeout=50,
@@ -303,7 +335,7 @@ def test_the_sdist_has_no_build_leftovers(sdist: tuple[set[str], str]) -> None:
         for n in names
         if "__pycache__" in n
         or n.endswith((".pyc", ".pyo"))
-        or n.startswith((".venv/", "build/", "dist/", ".hypothesis/"))
+        or n.startswith(tuple(f"{folder}/" for folder in CHECKOUT_STATE))
     ]
     assert junk == []
 
