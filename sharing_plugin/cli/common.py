@@ -133,8 +133,44 @@ def serve_until_stopped(
         finally:
             for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
                 loop.remove_signal_handler(sig)
+        await _exit_past_stuck_work(logger)
 
     asyncio.run(serve())
+
+
+# How long work the service left behind may take to end by itself once it has stopped.
+EXIT_BOUND_S = 1.0
+
+
+async def _exit_past_stuck_work(logger: logging.Logger) -> None:
+    """Once the service has stopped: let what it left running end by itself, within
+    EXIT_BOUND_S; what has not by then is left behind by ending the process here.
+
+    What a stop leaves is a grpc server's shutdown that a client which does not read holds up
+    (a frozen process with a stream open: see kubelet.server's `_Listener.close`). asyncio.run
+    would cancel it on the way out, and grpc's cancellation waits for that client in a thread
+    join that nothing ends: the pod would stay Terminating until kubelet killed it.
+    """
+    import asyncio
+
+    current = asyncio.current_task()
+    left = {task for task in asyncio.all_tasks() if task is not current}
+    if not left:
+        return
+    _, pending = await asyncio.wait(left, timeout=EXIT_BOUND_S)
+    if not pending:
+        return
+    logger.warning(
+        "exiting with %d task(s) of a stopped server unfinished after %.1f s (%s): a client "
+        "that does not read holds them",
+        len(pending),
+        EXIT_BOUND_S,
+        ", ".join(sorted(task.get_name() for task in pending)),
+    )
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(EXIT_OK)
 
 
 Options = TypeVar("Options")
