@@ -12,9 +12,11 @@ The pool is a value recomputed from three inputs: the plan (config and GPUs), GP
 devices prepared claims hold. Any change marks it dirty and one publishing task writes the
 newest pool (intermediate states are skipped; a failed write is retried with backoff), so a
 burst of reloads or health events never races two writers. Held devices the plan dropped stay
-published until their claim is unprepared (the draining rule); an unhealthy GPU's devices leave
-the pool at once. After every registration the kubelet confirms, the pool is written again even
-if unchanged: the kubelet deletes a driver's slices when the driver goes away.
+published until their claim is unprepared (the draining rule). An unhealthy GPU's devices stay
+published with a `NoSchedule` taint naming the fault, where the server keeps device taints
+(asked once at start with a dry run); elsewhere they leave the pool at once. After every
+registration the kubelet confirms, the pool is written again even if unchanged: the kubelet
+deletes a driver's slices when the driver goes away.
 
 `partitioning.mig` is not applied here: MIG devices are served as they are (`run` applies layouts).
 """
@@ -37,6 +39,7 @@ from sharing_plugin.daemon.service import ObservedService
 from sharing_plugin.dra.cdi import CdiSpecDir
 from sharing_plugin.dra.checkpoint import CHECKPOINT_FILE, Checkpoint
 from sharing_plugin.dra.claims import ApiClaimReader
+from sharing_plugin.dra.features import keeps_device_taints
 from sharing_plugin.dra.prepare import ClaimPreparer, PoolState
 from sharing_plugin.dra.resources import discover_version
 from sharing_plugin.dra.server import DraPluginServer, plugin_dir
@@ -45,6 +48,7 @@ from sharing_plugin.errors import KubeApiError, StartupError
 from sharing_plugin.nvml.api import NvmlApi
 from sharing_plugin.views.dra import dra_devices
 from sharing_plugin.views.dra_api import DEFAULT_DRIVER, V1
+from sharing_plugin.views.dra_health import health_taints
 
 if TYPE_CHECKING:
     from lightkube import AsyncClient
@@ -76,6 +80,7 @@ class DraDaemon(ObservedService):
         self.options = options
         self._checked: tuple[Applied, PoolState] | None = None
         self._capacity = False
+        self._taints = False
         self.preparer: ClaimPreparer | None = None
         self.keeper: PoolKeeper | None = None
         self.server: DraPluginServer | None = None
@@ -108,6 +113,7 @@ class DraDaemon(ObservedService):
         # Consumable capacity is resource.k8s.io/v1's (Kubernetes 1.34+); an older server is
         # given one device per replica whatever the config asks.
         self._capacity = version == V1
+        await self._probe_taints(version)
         self.preparer = ClaimPreparer(
             driver=driver,
             pool=node,
@@ -174,4 +180,28 @@ class DraDaemon(ObservedService):
         plan = self.pipeline.healthy_plan(applied)
         shared = applied.config.dra.shared_devices if self._capacity else SharedDevices.REPLICAS
         devices = {d.name: d for d in dra_devices(plan, applied.inventory, shared=shared)}
-        return PoolState(devices=devices, plan=plan, flags=applied.config.flags)
+        taints = None
+        if self._taints:
+            taints = health_taints(self.pipeline.faults, self.options.driver_name)
+        return PoolState(devices=devices, plan=plan, flags=applied.config.flags, taints=taints)
+
+    async def _probe_taints(self, version: str) -> None:
+        """Whether Unhealthy devices can stay published with a taint (a v1 server that keeps
+        device taints), or must leave the pool."""
+        client = self.pipeline.client
+        assert client is not None
+        if version == V1:
+            try:
+                self._taints = await keeps_device_taints(
+                    client,
+                    driver=self.options.driver_name,
+                    node_name=self.options.source.node_name or "",
+                )
+            except KubeApiError as exc:
+                raise StartupError(str(exc)) from exc
+        if not self._taints:
+            log.warning(
+                "the API server keeps no device taints on %s ResourceSlices: Unhealthy GPUs "
+                "leave the pool instead of staying in it tainted",
+                version,
+            )

@@ -63,10 +63,13 @@ class PoolKeeper:
         self._update_status()
 
     def pool(self) -> tuple[PublishedDevice, ...]:
-        """What the pool should hold now: the plan's healthy devices and the draining ones."""
+        """What the pool should hold now: the plan's healthy devices (and its Unhealthy ones,
+        tainted, where the server keeps taints) and the draining ones."""
         held = self._held()
-        devices = tuple(self.state.devices.values()) if self.state is not None else ()
-        return pool_devices(devices, held=held.keys(), kept=held)
+        if self.state is None:
+            return pool_devices((), held=held.keys(), kept=held)
+        devices = tuple(self.state.devices.values())
+        return pool_devices(devices, held=held.keys(), kept=held, taints=self.state.taints)
 
     async def run(self) -> None:
         """Publish every change until cancelled."""
@@ -116,8 +119,9 @@ class PoolKeeper:
         for device in published:
             resource = str(device.attributes["resource"]["string"])
             total, healthy, draining = counts.get(resource, (0, 0, []))
-            if device.name in self.state.devices:
-                counts[resource] = (total + 1, healthy + 1, draining)
+            served = self.state.devices.get(device.name)
+            if served is not None:
+                counts[resource] = (total + 1, healthy + served.healthy, draining)
             else:
                 counts[resource] = (total + 1, healthy, [*draining, device.name])
         for name in set(self._status.resources) - set(counts):

@@ -36,6 +36,9 @@ class DraResources(ObjectStore):
 
     # The versions of resource.k8s.io served, newest first: ("v1beta1",) plays Kubernetes 1.32.
     dra_versions: tuple[str, ...] = ("v1", "v1beta1")
+    # False plays a server with DRADeviceTaints off (Kubernetes 1.34-1.35 by default): like
+    # kube-apiserver, it drops the devices' taints of every slice written, silently.
+    device_taints: bool = True
 
     # -- objects, from the test's side
 
@@ -241,6 +244,9 @@ class DraResources(ObjectStore):
         }
         dra_validate(kind, body, version)
         obj = to_v1(kind, body, version)
+        if kind.resource == "resourceslices" and not self.device_taints:
+            for device in (obj.get("spec") or {}).get("devices") or ():
+                device.pop("taints", None)
         if query.get("dryRun") != "All":
             stored = self._commit(kind, namespace, name, obj)
             assert stored is not None
