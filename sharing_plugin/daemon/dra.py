@@ -14,9 +14,10 @@ newest pool (intermediate states are skipped; a failed write is retried with bac
 burst of reloads or health events never races two writers. Held devices the plan dropped stay
 published until their claim is unprepared (the draining rule). An unhealthy GPU's devices stay
 published with a `NoSchedule` taint naming the fault, where the server keeps device taints
-(asked once at start with a dry run); elsewhere they leave the pool at once. After every
-registration the kubelet confirms, the pool is written again even if unchanged: the kubelet
-deletes a driver's slices when the driver goes away.
+(asked once at start with a dry run); elsewhere they leave the pool at once. The kubelet hears
+every device's health on the DRA socket. After every registration the kubelet confirms, the
+pool is written again even if unchanged: the kubelet deletes a driver's slices when the driver
+goes away.
 
 `partitioning.mig` is not applied here: MIG devices are served as they are (`run` applies layouts).
 """
@@ -40,6 +41,7 @@ from sharing_plugin.dra.cdi import CdiSpecDir
 from sharing_plugin.dra.checkpoint import CHECKPOINT_FILE, Checkpoint
 from sharing_plugin.dra.claims import ApiClaimReader
 from sharing_plugin.dra.features import keeps_device_taints
+from sharing_plugin.dra.health import DeviceHealthServicer
 from sharing_plugin.dra.prepare import ClaimPreparer, PoolState
 from sharing_plugin.dra.resources import discover_version
 from sharing_plugin.dra.server import DraPluginServer, plugin_dir
@@ -81,6 +83,7 @@ class DraDaemon(ObservedService):
         self._checked: tuple[Applied, PoolState] | None = None
         self._capacity = False
         self._taints = False
+        self.health: DeviceHealthServicer | None = None
         self.preparer: ClaimPreparer | None = None
         self.keeper: PoolKeeper | None = None
         self.server: DraPluginServer | None = None
@@ -123,12 +126,15 @@ class DraDaemon(ObservedService):
             state=lambda: self.keeper.state if self.keeper else None,
             on_change=lambda: self.keeper.changed() if self.keeper else None,
         )
+        self.health = DeviceHealthServicer(pool=node)
         self.keeper = PoolKeeper(
             SlicePublisher(client, driver=driver, node_name=node, api_version=version),
             held=self.preparer.held,
             status=self.status,
             registered=lambda: self.server is not None and self.server.registered,
             backoff_s=self.options.publish_backoff_s,
+            health=self.health,
+            faults=lambda: self.pipeline.faults,
         )
         await self.pipeline.start()
         self.server = DraPluginServer(
@@ -136,6 +142,7 @@ class DraDaemon(ObservedService):
             driver=driver,
             preparer=self.preparer,
             on_registered=self.keeper.registered,
+            health=self.health,
         )
         await self.server.start()
         self._tasks.spawn(self.keeper.run(), name="publish", eternal=True)

@@ -6,7 +6,8 @@ dirty; one task writes the newest pool, so a burst of reloads or health events i
 two writers never race. A failed write is retried with backoff (0.2 s doubling to 10 s by
 default). Held devices the plan dropped stay published until their claim is unprepared (the
 draining rule, `views.dra.pool_devices`). `registered()` asks for a forced publish, which checks
-the API and rewrites what the kubelet deleted.
+the API and rewrites what the kubelet deleted. The kubelet also hears each device's health from
+here (given a health service): the same inputs, at every change, whether or not the API answers.
 """
 
 from __future__ import annotations
@@ -15,12 +16,15 @@ import asyncio
 import logging
 from collections.abc import Callable, Mapping
 
+from sharing_plugin.dra.health import DeviceHealthServicer
 from sharing_plugin.dra.prepare import PoolState
 from sharing_plugin.dra.slices import SlicePublisher
 from sharing_plugin.errors import KubeApiError
+from sharing_plugin.gpus.health_tracker import Fault
 from sharing_plugin.observability.status import StatusBoard
 from sharing_plugin.views.dra import pool_devices
 from sharing_plugin.views.dra_api import PublishedDevice
+from sharing_plugin.views.dra_health import device_health
 
 log = logging.getLogger(__name__)
 
@@ -36,9 +40,14 @@ class PoolKeeper:
         status: StatusBoard,
         registered: Callable[[], bool],
         backoff_s: tuple[float, float] = (0.2, 10.0),
+        health: DeviceHealthServicer | None = None,
+        faults: Callable[[], Mapping[str, Fault]] = dict,
     ) -> None:
+        """`faults` tells why each Unhealthy GPU or MIG device is so, for `health`."""
         self.publisher = publisher
         self._held = held
+        self._health = health
+        self._faults = faults
         self._status = status
         self._registered = registered
         self._backoff_s = backoff_s
@@ -51,10 +60,12 @@ class PoolKeeper:
         """The node serves `state` now."""
         self.state = state
         self._dirty.set()
+        self._report_health()
 
     def changed(self) -> None:
         """The devices prepared claims hold changed."""
         self._dirty.set()
+        self._report_health()
 
     def registered(self) -> None:
         """The kubelet (re)registered the plugin: make sure the API holds the pool."""
@@ -109,6 +120,12 @@ class PoolKeeper:
         published = self.publisher.published
         assert published is not None
         return published
+
+    def _report_health(self) -> None:
+        if self._health is None:
+            return
+        devices = self.state.devices.values() if self.state is not None else ()
+        self._health.publish(device_health(devices, self._faults(), held=self._held()))
 
     def _update_status(self) -> None:
         """/status per resource: devices published, healthy ones, draining ones, registered."""

@@ -5,15 +5,22 @@ health over NodeWatchResources on the DRA socket; a server without taints gets t
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+import grpc
 from daemon_harness import append_fault, node_file
 from dra_harness import DRIVER, NODE, DraRun, dra_running, foreign_claim
 from kube_api import FakeKubeApi
 
-from sharing_plugin.dra.api.constants import V1BETA1_SERVICE
+from sharing_plugin.dra.api.constants import HEALTH_V1ALPHA1_SERVICE, V1BETA1_SERVICE
+from sharing_plugin.dra.api.dra_health.v1alpha1 import api_pb2 as health
+from sharing_plugin.dra.api.dra_health.v1alpha1 import api_pb2_grpc as health_grpc
+from sharing_plugin.dra.health import DeviceHealthServicer
 from sharing_plugin.views.dra_api import PublishedDevice
+from sharing_plugin.views.dra_health import DeviceHealth
 
 SHARED = "nvidia.com/gpu.shared"
 TAINT = "gpu.sharing-plugin.io/unhealthy"
@@ -127,3 +134,76 @@ async def test_a_v1beta1_server_gets_no_taints_and_no_probe(short_dir: Path) -> 
         append_fault(node, {"gpu": 1, "xid": 79})
         left = await run.keeper.wait_published(lambda d: len(d) == 2, timeout=1.0)
         assert not taints(left)
+
+
+@asynccontextmanager
+async def health_stream(run: DraRun) -> AsyncIterator[Any]:
+    """NodeWatchResources on the plugin's DRA socket, as the kubelet opens it."""
+    channel = run.kubelet.plugins[DRIVER].channel
+    call = health_grpc.DRAResourceHealthStub(channel).NodeWatchResources(
+        health.NodeWatchResourcesRequest()
+    )
+    try:
+        yield call
+    finally:
+        call.cancel()
+
+
+def by_name(message: Any) -> dict[str, tuple[int, str]]:
+    return {d.device.device_name: (d.health, d.message) for d in message.devices}
+
+
+async def test_the_kubelet_hears_every_devices_health_at_once_and_on_every_change(
+    short_dir: Path,
+) -> None:
+    node = node_file(short_dir, TWO_GPUS)
+    async with dra_running(short_dir, shared(2) + RECOVERY, gpus=f"simulated:{node}") as run:
+        devices = await run.published(4)
+        await watching(run)
+        (registered,) = [e for e in run.kubelet.events if e["call"] == "register"]
+        assert HEALTH_V1ALPHA1_SERVICE in registered["versions"]
+        async with health_stream(run) as stream:
+            first = await asyncio.wait_for(stream.read(), 2)
+            assert {d.device.pool_name for d in first.devices} == {NODE}
+            assert by_name(first) == {d.name: (health.HEALTHY, "") for d in devices}
+            assert all(d.health_check_timeout_seconds == 180 for d in first.devices)
+            sick = run.nvml.gpus[1].uuid
+            append_fault(node, {"gpu": 1, "xid": 79})
+            second = await asyncio.wait_for(stream.read(), 2)
+            unhealthy = {n: v for n, v in by_name(second).items() if v[0] == health.UNHEALTHY}
+            expected = {d.name for d in devices if d.attributes["uuid"]["string"] == sick}
+            assert set(unhealthy) == expected
+            assert {m for _, m in unhealthy.values()} == {f"{sick}: Xid 79"}
+            third = await asyncio.wait_for(stream.read(), 5)  # recovered after 1 s quiet
+            assert by_name(third) == by_name(first)
+
+
+async def test_an_unchanged_list_is_sent_again_before_the_kubelets_timeout(
+    short_dir: Path,
+) -> None:
+    servicer = DeviceHealthServicer(pool="node-a", resend_s=0.05, timeout_s=7, clock=lambda: 42)
+    servicer.publish([DeviceHealth("gpu-a", True), DeviceHealth("gpu-b", False, "GPU-b: Xid 79")])
+    server = grpc.aio.server()
+    health_grpc.add_DRAResourceHealthServicer_to_server(servicer, server)
+    path = short_dir / "health.sock"
+    server.add_insecure_port(f"unix://{path}")
+    await server.start()
+    try:
+        async with grpc.aio.insecure_channel(f"unix://{path}") as channel:
+            stub = health_grpc.DRAResourceHealthStub(channel)
+            call = stub.NodeWatchResources(health.NodeWatchResourcesRequest())
+            first = await asyncio.wait_for(call.read(), 2)
+            again = await asyncio.wait_for(call.read(), 2)  # nothing changed in between
+            assert again == first
+            assert [
+                (d.last_updated_time, d.health_check_timeout_seconds) for d in first.devices
+            ] == [
+                (42, 7),
+                (42, 7),
+            ]
+            servicer.publish([DeviceHealth("gpu-a", True)])  # a change is sent at once
+            changed = await asyncio.wait_for(call.read(), 2)
+            assert [d.device.device_name for d in changed.devices] == ["gpu-a"]
+            call.cancel()
+    finally:
+        await server.stop(None)
