@@ -5,8 +5,9 @@ mode").
         await daemon.wait_stopped()      # until request_stop() (SIGTERM/SIGINT) is called
 
 Start order: the API (credentials, then which resource.k8s.io version the server serves), the
-pipeline's first update (config, GPUs, the same `plan_node` as `run` and `plan`), the DRA socket
-and the registration socket, then the task that publishes the pool.
+pipeline's first update (config, GPUs, the same `plan_node` as `run` and `plan`), a refusal where
+a device plugin serves the same names on this node, the DRA socket and the registration socket,
+then the task that publishes the pool.
 
 The pool is a value recomputed from three inputs: the plan (config and GPUs), GPU health, and the
 devices prepared claims hold. Any change marks it dirty and one publishing task writes the
@@ -31,6 +32,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from sharing_plugin.config.base import SharedDevices
+from sharing_plugin.daemon.dra_conflicts import check_no_device_plugin
 from sharing_plugin.daemon.dra_pool import PoolKeeper
 from sharing_plugin.daemon.health_monitor import HealthEnv
 from sharing_plugin.daemon.options import SourceOptions
@@ -48,7 +50,7 @@ from sharing_plugin.dra.server import DraPluginServer, plugin_dir
 from sharing_plugin.dra.slices import SlicePublisher
 from sharing_plugin.errors import KubeApiError, StartupError
 from sharing_plugin.nvml.api import NvmlApi
-from sharing_plugin.views.dra import dra_devices
+from sharing_plugin.views.dra import config_resource_names, dra_devices
 from sharing_plugin.views.dra_api import DEFAULT_DRIVER, V1
 from sharing_plugin.views.dra_health import health_taints
 
@@ -137,6 +139,7 @@ class DraDaemon(ObservedService):
             faults=lambda: self.pipeline.faults,
         )
         await self.pipeline.start()
+        await self._refuse_beside_a_device_plugin()
         self.server = DraPluginServer(
             kubelet_dir=source.kubelet_dir,
             driver=driver,
@@ -191,6 +194,20 @@ class DraDaemon(ObservedService):
         if self._taints:
             taints = health_taints(self.pipeline.faults, self.options.driver_name)
         return PoolState(devices=devices, plan=plan, flags=applied.config.flags, taints=taints)
+
+    async def _refuse_beside_a_device_plugin(self) -> None:
+        """StartupError where a device plugin serves this node's resource names."""
+        applied, client = self.pipeline.applied, self.pipeline.client
+        assert client is not None
+        names: set[str] = set()
+        if applied is not None:
+            names = {r.name for r in applied.plan.resources} | config_resource_names(applied.config)
+        await check_no_device_plugin(
+            client=client,
+            node=self.options.source.node_name or "",
+            kubelet_dir=self.options.source.kubelet_dir,
+            names=names,
+        )
 
     async def _probe_taints(self, version: str) -> None:
         """Whether Unhealthy devices can stay published with a taint (a v1 server that keeps

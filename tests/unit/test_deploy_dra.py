@@ -101,7 +101,11 @@ def test_the_daemonset_runs_run_dra_with_its_flags(rendered: list[dict[str, Any]
     assert mounts["plugins-registry"] == kubelet / "plugins_registry"
     assert mounts["plugins"] == kubelet / "plugins"
     assert mounts["cdi"] == PurePosixPath(env["CDI_DIR"]["value"])
-    for name in ("plugins-registry", "plugins", "cdi"):
+    # Read-only: run-dra only connects to the device plugin's sockets there (a refusal to start).
+    assert mounts["device-plugins"] == kubelet / "device-plugins"
+    readonly = {m["name"] for m in container["volumeMounts"] if m.get("readOnly")}
+    assert "device-plugins" in readonly
+    for name in ("plugins-registry", "plugins", "cdi", "device-plugins"):
         assert PurePosixPath(host[name]) == mounts[name], f"{name}: same path as on the host"
     assert pod["serviceAccountName"] == "sharing-plugin-dra"
     port = int(env["METRICS_ADDRESS"]["value"].rpartition(":")[2])
