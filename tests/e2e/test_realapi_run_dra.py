@@ -74,7 +74,14 @@ def test_deploy_dra_applies_and_its_cel_selectors_compile(real_api: realapi.Real
     )
     broken = {**classes[0], "metadata": {"name": realapi.unique("broken")}}
     broken["spec"] = {"selectors": [{"cel": {"expression": 'device.driver == "a" &&'}}]}
-    items = [*docs, *classes, broken]
+    # The DaemonSet with the MPS component too (mps-control beside run-dra, hostIPC).
+    (with_mps,) = [
+        d
+        for d in render(DEPLOY_DRA, [DEPLOY_DRA / "components" / "mps"])
+        if d["kind"] == "DaemonSet"
+    ]
+    with_mps["metadata"]["name"] = realapi.unique("with-mps")
+    items = [*docs, *classes, with_mps, broken]
     said = real_api.kubectl(
         "apply",
         "--server-side",
@@ -84,7 +91,7 @@ def test_deploy_dra_applies_and_its_cel_selectors_compile(real_api: realapi.Real
         stdin=json.dumps({"apiVersion": "v1", "kind": "List", "items": items}),
         check=False,
     )
-    assert said.count("serverside-applied (server dry run)") == len(docs) + len(classes), said
+    assert said.count("serverside-applied (server dry run)") == len(docs) + len(classes) + 1, said
     refused = [line for line in said.splitlines() if broken["metadata"]["name"] in line]
     assert refused and "compilation failed" in refused[0], said
 
