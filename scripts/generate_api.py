@@ -4,14 +4,14 @@
     .venv/bin/python scripts/generate_api.py OUT_DIR    # write both trees under OUT_DIR
 
 The trees are `sharing_plugin/kubelet/api/` (device plugin v1beta1, PodResources v1) and
-`sharing_plugin/dra/api/` (plugin registration v1, DRA v1beta1 and v1); every `.proto` under
-them is an input. The generated `_pb2.py`, `_pb2_grpc.py` and their `.pyi` stubs are committed
-so that installing the plugin needs no protoc; a test runs this script into a temporary
-directory and compares bytes, which catches a hand edit, a .proto change that was not
-regenerated, and generated files left behind by a removed .proto.
+`sharing_plugin/dra/api/` (plugin registration v1, DRA v1beta1 and v1, DRA resource health
+v1alpha1); every `.proto` under them is an input. The generated `_pb2.py`, `_pb2_grpc.py` and
+their `.pyi` stubs are committed so that installing the plugin needs no protoc; a test runs this
+script into a temporary directory and compares bytes, which catches a hand edit, a .proto change
+that was not regenerated, and generated files left behind by a removed .proto.
 
 protoc runs once, with the repository root as its import path, so each file is registered in
-the descriptor pool under its full package path (the five `api.proto` never clash) and each
+the descriptor pool under its full package path (the six `api.proto` never clash) and each
 generated `_pb2_grpc` imports its `_pb2` as `from sharing_plugin.<adapter>.api... import api_pb2`.
 The script lives outside the package: the wheel carries the generated code, not its generator.
 """

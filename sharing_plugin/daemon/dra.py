@@ -5,16 +5,20 @@ mode").
         await daemon.wait_stopped()      # until request_stop() (SIGTERM/SIGINT) is called
 
 Start order: the API (credentials, then which resource.k8s.io version the server serves), the
-pipeline's first update (config, GPUs, the same `plan_node` as `run` and `plan`), the DRA socket
-and the registration socket, then the task that publishes the pool.
+pipeline's first update (config, GPUs, the same `plan_node` as `run` and `plan`), a refusal where
+a device plugin serves the same names on this node, the DRA socket and the registration socket,
+then the task that publishes the pool.
 
 The pool is a value recomputed from three inputs: the plan (config and GPUs), GPU health, and the
 devices prepared claims hold. Any change marks it dirty and one publishing task writes the
 newest pool (intermediate states are skipped; a failed write is retried with backoff), so a
 burst of reloads or health events never races two writers. Held devices the plan dropped stay
-published until their claim is unprepared (the draining rule); an unhealthy GPU's devices leave
-the pool at once. After every registration the kubelet confirms, the pool is written again even
-if unchanged: the kubelet deletes a driver's slices when the driver goes away.
+published until their claim is unprepared (the draining rule). An unhealthy GPU's devices stay
+published with a `NoSchedule` taint naming the fault, where the server keeps device taints
+(asked once at start with a dry run); elsewhere they leave the pool at once. The kubelet hears
+every device's health on the DRA socket. After every registration the kubelet confirms, the
+pool is written again even if unchanged: the kubelet deletes a driver's slices when the driver
+goes away.
 
 `partitioning.mig` is not applied here: MIG devices are served as they are (`run` applies layouts).
 """
@@ -28,6 +32,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from sharing_plugin.config.base import SharedDevices
+from sharing_plugin.daemon.dra_conflicts import check_no_device_plugin
 from sharing_plugin.daemon.dra_pool import PoolKeeper
 from sharing_plugin.daemon.health_monitor import HealthEnv
 from sharing_plugin.daemon.options import SourceOptions
@@ -37,14 +42,17 @@ from sharing_plugin.daemon.service import ObservedService
 from sharing_plugin.dra.cdi import CdiSpecDir
 from sharing_plugin.dra.checkpoint import CHECKPOINT_FILE, Checkpoint
 from sharing_plugin.dra.claims import ApiClaimReader
+from sharing_plugin.dra.features import keeps_device_taints
+from sharing_plugin.dra.health import DeviceHealthServicer
 from sharing_plugin.dra.prepare import ClaimPreparer, PoolState
 from sharing_plugin.dra.resources import discover_version
 from sharing_plugin.dra.server import DraPluginServer, plugin_dir
 from sharing_plugin.dra.slices import SlicePublisher
 from sharing_plugin.errors import KubeApiError, StartupError
 from sharing_plugin.nvml.api import NvmlApi
-from sharing_plugin.views.dra import dra_devices
-from sharing_plugin.views.dra_api import CONSUMABLE_CAPACITY, DEFAULT_DRIVER, V1
+from sharing_plugin.views.dra import config_resource_names, dra_devices
+from sharing_plugin.views.dra_api import CONSUMABLE_CAPACITY, DEFAULT_DRIVER, DEVICE_TAINTS, V1
+from sharing_plugin.views.dra_health import health_taints
 
 if TYPE_CHECKING:
     from lightkube import AsyncClient
@@ -76,6 +84,8 @@ class DraDaemon(ObservedService):
         self.options = options
         self._checked: tuple[Applied, PoolState] | None = None
         self._capacity = False
+        self._taints = False
+        self.health: DeviceHealthServicer | None = None
         self.preparer: ClaimPreparer | None = None
         self.keeper: PoolKeeper | None = None
         self.server: DraPluginServer | None = None
@@ -110,6 +120,7 @@ class DraDaemon(ObservedService):
         self._capacity = version == V1
         if not self._capacity:
             self._by_replica(f"{version} has no consumable capacity")
+        await self._probe_taints(version)
         self.preparer = ClaimPreparer(
             driver=driver,
             pool=node,
@@ -119,6 +130,7 @@ class DraDaemon(ObservedService):
             state=lambda: self.keeper.state if self.keeper else None,
             on_change=lambda: self.keeper.changed() if self.keeper else None,
         )
+        self.health = DeviceHealthServicer(pool=node)
         self.keeper = PoolKeeper(
             SlicePublisher(client, driver=driver, node_name=node, api_version=version),
             held=self.preparer.held,
@@ -126,13 +138,17 @@ class DraDaemon(ObservedService):
             registered=lambda: self.server is not None and self.server.registered,
             backoff_s=self.options.publish_backoff_s,
             on_dropped=self._dropped,
+            health=self.health,
+            faults=lambda: self.pipeline.faults,
         )
         await self.pipeline.start()
+        await self._refuse_beside_a_device_plugin()
         self.server = DraPluginServer(
             kubelet_dir=source.kubelet_dir,
             driver=driver,
             preparer=self.preparer,
             on_registered=self.keeper.registered,
+            health=self.health,
         )
         await self.server.start()
         self._tasks.spawn(self.keeper.run(), name="publish", eternal=True)
@@ -176,14 +192,29 @@ class DraDaemon(ObservedService):
             self.keeper.set_state(self._pool_state(applied))
 
     def _dropped(self, features: frozenset[str]) -> None:
-        """The API server did not keep some fields of the slices: publish what it does keep."""
-        if CONSUMABLE_CAPACITY not in features or not self._capacity:
+        """The API server did not keep some fields of the slices: publish what it does keep.
+
+        The start-up probe asks about taints before anything is published; this read-back of
+        what was stored also catches a server that answered the probe otherwise (one that
+        ignores dry runs, or whose gate changed since)."""
+        changed = False
+        if CONSUMABLE_CAPACITY in features and self._capacity:
+            self._capacity = False
+            self._by_replica(
+                "the API server does not keep the consumable-capacity fields of ResourceSlices "
+                f"(feature gate {CONSUMABLE_CAPACITY} off?)"
+            )
+            changed = True
+        if DEVICE_TAINTS in features and self._taints:
+            self._taints = False
+            log.warning(
+                "the API server did not keep the devices' taints of a ResourceSlice (feature "
+                "gate %s off?): Unhealthy GPUs leave the pool instead of staying in it tainted",
+                DEVICE_TAINTS,
+            )
+            changed = True
+        if not changed:
             return
-        self._capacity = False
-        self._by_replica(
-            "the API server does not keep the consumable-capacity fields of ResourceSlices "
-            f"(feature gate {CONSUMABLE_CAPACITY} off?)"
-        )
         applied = self.pipeline.applied
         if applied is not None and self.keeper is not None:
             self.keeper.set_state(self._pool_state(applied))
@@ -196,4 +227,42 @@ class DraDaemon(ObservedService):
         plan = self.pipeline.healthy_plan(applied)
         shared = applied.config.dra.shared_devices if self._capacity else SharedDevices.REPLICAS
         devices = {d.name: d for d in dra_devices(plan, applied.inventory, shared=shared)}
-        return PoolState(devices=devices, plan=plan, flags=applied.config.flags)
+        taints = None
+        if self._taints:
+            taints = health_taints(self.pipeline.faults, self.options.driver_name)
+        return PoolState(devices=devices, plan=plan, flags=applied.config.flags, taints=taints)
+
+    async def _refuse_beside_a_device_plugin(self) -> None:
+        """StartupError where a device plugin serves this node's resource names."""
+        applied, client = self.pipeline.applied, self.pipeline.client
+        assert client is not None
+        names: set[str] = set()
+        if applied is not None:
+            names = {r.name for r in applied.plan.resources} | config_resource_names(applied.config)
+        await check_no_device_plugin(
+            client=client,
+            node=self.options.source.node_name or "",
+            kubelet_dir=self.options.source.kubelet_dir,
+            names=names,
+        )
+
+    async def _probe_taints(self, version: str) -> None:
+        """Whether Unhealthy devices can stay published with a taint (a v1 server that keeps
+        device taints), or must leave the pool."""
+        client = self.pipeline.client
+        assert client is not None
+        if version == V1:
+            try:
+                self._taints = await keeps_device_taints(
+                    client,
+                    driver=self.options.driver_name,
+                    node_name=self.options.source.node_name or "",
+                )
+            except KubeApiError as exc:
+                raise StartupError(str(exc)) from exc
+        if not self._taints:
+            log.warning(
+                "the API server keeps no device taints on %s ResourceSlices: Unhealthy GPUs "
+                "leave the pool instead of staying in it tainted",
+                version,
+            )

@@ -6,7 +6,8 @@ dirty; one task writes the newest pool, so a burst of reloads or health events i
 two writers never race. A failed write is retried with backoff (0.2 s doubling to 10 s by
 default). Held devices the plan dropped stay published until their claim is unprepared (the
 draining rule, `views.dra.pool_devices`). `registered()` asks for a forced publish, which checks
-the API and rewrites what the kubelet deleted.
+the API and rewrites what the kubelet deleted. The kubelet also hears each device's health from
+here (given a health service): the same inputs, at every change, whether or not the API answers.
 """
 
 from __future__ import annotations
@@ -15,12 +16,15 @@ import asyncio
 import logging
 from collections.abc import Callable, Mapping
 
+from sharing_plugin.dra.health import DeviceHealthServicer
 from sharing_plugin.dra.prepare import PoolState
 from sharing_plugin.dra.slices import SlicePublisher
 from sharing_plugin.errors import KubeApiError
+from sharing_plugin.gpus.health_tracker import Fault
 from sharing_plugin.observability.status import StatusBoard
 from sharing_plugin.views.dra import pool_devices
 from sharing_plugin.views.dra_api import PublishedDevice
+from sharing_plugin.views.dra_health import device_health
 
 log = logging.getLogger(__name__)
 
@@ -37,13 +41,18 @@ class PoolKeeper:
         registered: Callable[[], bool],
         backoff_s: tuple[float, float] = (0.2, 10.0),
         on_dropped: Callable[[frozenset[str]], None] = lambda _: None,
+        health: DeviceHealthServicer | None = None,
+        faults: Callable[[], Mapping[str, Fault]] = dict,
     ) -> None:
         """`on_dropped` hears which features the API server did not keep the fields of, each
-        time that changes (a server with their feature gates off drops them on write)."""
+        time that changes (a server with their feature gates off drops them on write).
+        `faults` tells why each Unhealthy GPU or MIG device is so, for `health`."""
         self.publisher = publisher
         self._on_dropped = on_dropped
         self._dropped: frozenset[str] = frozenset()
         self._held = held
+        self._health = health
+        self._faults = faults
         self._status = status
         self._registered = registered
         self._backoff_s = backoff_s
@@ -56,10 +65,12 @@ class PoolKeeper:
         """The node serves `state` now."""
         self.state = state
         self._dirty.set()
+        self._report_health()
 
     def changed(self) -> None:
         """The devices prepared claims hold changed."""
         self._dirty.set()
+        self._report_health()
 
     def registered(self) -> None:
         """The kubelet (re)registered the plugin: make sure the API holds the pool."""
@@ -68,10 +79,13 @@ class PoolKeeper:
         self._update_status()
 
     def pool(self) -> tuple[PublishedDevice, ...]:
-        """What the pool should hold now: the plan's healthy devices and the draining ones."""
+        """What the pool should hold now: the plan's healthy devices (and its Unhealthy ones,
+        tainted, where the server keeps taints) and the draining ones."""
         held = self._held()
-        devices = tuple(self.state.devices.values()) if self.state is not None else ()
-        return pool_devices(devices, held=held.keys(), kept=held)
+        if self.state is None:
+            return pool_devices((), held=held.keys(), kept=held)
+        devices = tuple(self.state.devices.values())
+        return pool_devices(devices, held=held.keys(), kept=held, taints=self.state.taints)
 
     async def run(self) -> None:
         """Publish every change until cancelled."""
@@ -115,6 +129,12 @@ class PoolKeeper:
         assert published is not None
         return published
 
+    def _report_health(self) -> None:
+        if self._health is None:
+            return
+        devices = self.state.devices.values() if self.state is not None else ()
+        self._health.publish(device_health(devices, self._faults(), held=self._held()))
+
     def _update_status(self) -> None:
         """/status per resource: devices published, healthy ones, draining ones, registered."""
         published = self.publisher.published
@@ -124,8 +144,9 @@ class PoolKeeper:
         for device in published:
             resource = str(device.attributes["resource"]["string"])
             total, healthy, draining = counts.get(resource, (0, 0, []))
-            if device.name in self.state.devices:
-                counts[resource] = (total + 1, healthy + 1, draining)
+            served = self.state.devices.get(device.name)
+            if served is not None:
+                counts[resource] = (total + 1, healthy + served.healthy, draining)
             else:
                 counts[resource] = (total + 1, healthy, [*draining, device.name])
         for name in set(self._status.resources) - set(counts):

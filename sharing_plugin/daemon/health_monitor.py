@@ -28,6 +28,7 @@ from sharing_plugin.errors import NvmlError
 from sharing_plugin.gpus.health_tracker import (
     EVERY_EVENT_KIND,
     EventKind,
+    Fault,
     HealthChange,
     HealthTracker,
     RecoveryTiming,
@@ -183,6 +184,11 @@ class HealthMonitor:
     @property
     def health(self) -> Mapping[str, bool]:
         return self._tracker.health
+
+    @property
+    def faults(self) -> Mapping[str, Fault]:
+        """Every Unhealthy GPU or MIG UUID -> why (read by `on_change` with the health)."""
+        return self._tracker.faults
 
     @property
     def settings(self) -> HealthSettings:

@@ -38,6 +38,7 @@ from sharing_plugin.daemon.outcome import Applied, Outcome, Outcomes, Rejected, 
 from sharing_plugin.daemon.report import NodeReport, Reports
 from sharing_plugin.daemon.tasks import TaskOwner
 from sharing_plugin.errors import PlanError, Problem, SharingPluginError, StartupError
+from sharing_plugin.gpus.health_tracker import Fault
 from sharing_plugin.gpus.inventory import Inventory
 from sharing_plugin.mig.desired import Holder
 from sharing_plugin.nvml.api import NvmlApi
@@ -130,6 +131,7 @@ class NodePipeline:
         self._label_value: str | None = None
         self._applied: Applied | None = None
         self._health: dict[str, bool] = {}
+        self._faults: dict[str, Fault] = {}
         self._health_monitor: HealthMonitor | None = None
         self._subscribers: list[Outcomes] = []
 
@@ -221,6 +223,11 @@ class NodePipeline:
     def health(self) -> Mapping[str, bool]:
         """GPU and MIG UUID -> Healthy, as the health monitor last reported (absent: Healthy)."""
         return dict(self._health)
+
+    @property
+    def faults(self) -> Mapping[str, Fault]:
+        """GPU and MIG UUID -> why it is Unhealthy, for the Unhealthy ones of `health`."""
+        return dict(self._faults)
 
     @property
     def health_monitor(self) -> HealthMonitor | None:
@@ -434,6 +441,8 @@ class NodePipeline:
     async def _on_health(self, health: Mapping[str, bool]) -> None:
         async with self.lock:
             before, self._health = self._health, dict(health)
+            monitor = self._health_monitor
+            self._faults = dict(monitor.faults) if monitor is not None else {}
             self.reports.node.health(before, self._health, self._discovery.inventory)
             if self._applied is not None:
                 await self._consumer.health_changed()

@@ -28,18 +28,25 @@ from sharing_plugin.errors import AllocationError, KubeApiError
 from sharing_plugin.plan.model import Plan
 from sharing_plugin.views.cdi import cdi_id, claim_spec, spec_file_name
 from sharing_plugin.views.dra import DraDevice
-from sharing_plugin.views.dra_api import PublishedDevice, quantity_mib
+from sharing_plugin.views.dra_api import DeviceTaint, PublishedDevice, quantity_mib
 
 log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
 class PoolState:
-    """What the node serves now: its DRA devices by name (healthy or not), plan and flags."""
+    """What the node serves now: its DRA devices by name (healthy or not), plan and flags.
+
+    `taints` (GPU or MIG UUID -> taint) is set where the server keeps device taints: Unhealthy
+    devices are published tainted, and a claim allocated one (it tolerates the taint, or was
+    allocated before it) is prepared. None: Unhealthy devices leave the pool and are not
+    prepared.
+    """
 
     devices: Mapping[str, DraDevice]
     plan: Plan
     flags: Flags
+    taints: Mapping[str, DeviceTaint] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -213,7 +220,15 @@ class ClaimPreparer:
                 "no longer has it)"
             )
         if not device.healthy:
-            raise AllocationError(
-                f"ResourceClaim {ref}: device {name} ({device.device.physical}) is unhealthy"
+            if state.taints is None:
+                raise AllocationError(
+                    f"ResourceClaim {ref}: device {name} ({device.device.physical}) is unhealthy"
+                )
+            log.warning(
+                "ResourceClaim %s: device %s (%s) is unhealthy; prepared all the same: the "
+                "claim was allocated it despite its NoSchedule taint",
+                ref,
+                name,
+                device.device.physical,
             )
         return device

@@ -1,6 +1,7 @@
 """The DRA kubelet plugin's two sockets: its DRA service, then its registration.
 
-    <kubelet-dir>/plugins/<driver>/dra.sock              DRAPlugin v1 and v1beta1
+    <kubelet-dir>/plugins/<driver>/dra.sock              DRAPlugin v1 and v1beta1, and
+                                                         DRAResourceHealth v1alpha1
     <kubelet-dir>/plugins_registry/<driver>-reg.sock     pluginregistration.Registration
 
 The kubelet's plugin watcher notices a socket appearing in plugins_registry/, calls GetInfo
@@ -30,6 +31,7 @@ import grpc
 from sharing_plugin.dra.api.constants import (
     DRA_PLUGIN_TYPE,
     DRA_SOCKET,
+    HEALTH_V1ALPHA1_SERVICE,
     PLUGINS_DIR,
     PLUGINS_REGISTRY_DIR,
     REGISTRATION_SOCKET_SUFFIX,
@@ -38,8 +40,10 @@ from sharing_plugin.dra.api.constants import (
 from sharing_plugin.dra.api.dra.v1 import api_pb2 as v1
 from sharing_plugin.dra.api.dra.v1 import api_pb2_grpc as v1_grpc
 from sharing_plugin.dra.api.dra.v1beta1 import api_pb2_grpc as v1beta1_grpc
+from sharing_plugin.dra.api.dra_health.v1alpha1 import api_pb2_grpc as health_grpc
 from sharing_plugin.dra.api.pluginregistration.v1 import api_pb2 as reg
 from sharing_plugin.dra.api.pluginregistration.v1 import api_pb2_grpc as reg_grpc
+from sharing_plugin.dra.health import DeviceHealthServicer
 from sharing_plugin.dra.prepare import ClaimPreparer
 from sharing_plugin.dra.servicer import DraServicerV1, DraServicerV1Beta1
 from sharing_plugin.errors import KubeletError
@@ -125,14 +129,19 @@ class DraPluginServer:
         preparer: ClaimPreparer,
         versions: Sequence[str] = SUPPORTED_SERVICES,
         on_registered: Callable[[], None] = lambda: None,
+        health: DeviceHealthServicer | None = None,
     ) -> None:
         """`on_registered` is called after every registration the kubelet confirms (a
-        restarted kubelet registers the plugin again)."""
+        restarted kubelet registers the plugin again). With `health`, the DRA socket also
+        serves device health, and the registration says so."""
         self.driver = driver
         self._kubelet_dir = Path(kubelet_dir)
         self.endpoint = dra_socket(kubelet_dir, driver)
         self.registration_path = registration_socket(kubelet_dir, driver)
         self._preparer = preparer
+        self._health = health
+        if health is not None:
+            versions = (*versions, HEALTH_V1ALPHA1_SERVICE)
         self.registration = RegistrationServicer(
             driver=driver, endpoint=self.endpoint, versions=versions, on_registered=on_registered
         )
@@ -175,6 +184,8 @@ class DraPluginServer:
     def _add_dra_services(self, server: grpc.aio.Server) -> None:
         v1_grpc.add_DRAPluginServicer_to_server(DraServicerV1(self._preparer), server)
         v1beta1_grpc.add_DRAPluginServicer_to_server(DraServicerV1Beta1(self._preparer), server)
+        if self._health is not None:
+            health_grpc.add_DRAResourceHealthServicer_to_server(self._health, server)
 
     def _add_registration(self, server: grpc.aio.Server) -> None:
         reg_grpc.add_RegistrationServicer_to_server(self.registration, server)

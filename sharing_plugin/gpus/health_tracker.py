@@ -19,6 +19,8 @@ The rules:
   single-bit ECC error was corrected by the hardware: it is reported and changes nothing, as in
   the reference.
 - A lost GPU (NVML answers GPU_IS_LOST, or stops answering) is Unhealthy.
+- Each Unhealthy device keeps the fault that made it so (`faults`): the first one, until it
+  recovers, so what other systems are told about it does not change with every repeat.
 - Recovery: the reference plugin never brings a device back. Here an Unhealthy device is
   checked first `first_check_s` after it failed, then with a doubling delay up to `max_check_s`
   while NVML does not answer. It is Healthy again once NVML answers normally and no fault
@@ -91,6 +93,36 @@ class Cause(StrEnum):
     RESET = "reset"  # health checking turned off: everything is Healthy again
 
 
+_REASONS = {
+    Cause.XID: "xid",
+    Cause.UNATTRIBUTED_XID: "xid",
+    Cause.DOUBLE_BIT_ECC: "ecc-double",
+    Cause.LOST: "lost",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Fault:
+    """Why a device is Unhealthy: the cause, the Xid of an Xid fault, and NVML's words."""
+
+    cause: Cause
+    xid: int | None = None
+    detail: str = ""
+
+    @property
+    def reason(self) -> str:
+        """A short code of the fault, the same for every repeat of it: `xid-79`, `ecc-double`,
+        `lost`."""
+        code = _REASONS.get(self.cause, str(self.cause))
+        return f"{code}-{self.xid}" if self.xid is not None else code
+
+    def describe(self) -> str:
+        """One phrase for people: `Xid 79`, `double-bit ECC error ...`, `lost: <detail>`."""
+        if self.cause is Cause.LOST:
+            return f"lost: {self.detail}" if self.detail else "lost"
+        return self.detail or self.reason
+
+
 @dataclass(frozen=True, slots=True)
 class HealthChange:
     """Devices (GPU or MIG UUIDs) whose health just flipped, all the same way, and why."""
@@ -104,6 +136,7 @@ class HealthChange:
 
 @dataclass(slots=True)
 class _Outage:
+    fault: Fault
     last_fault: float
     next_check: float
     delay: float
@@ -143,6 +176,11 @@ class HealthTracker:
     @property
     def unhealthy(self) -> frozenset[str]:
         return frozenset(self._outages)
+
+    @property
+    def faults(self) -> Mapping[str, Fault]:
+        """Every Unhealthy GPU or MIG UUID -> the fault that made it Unhealthy."""
+        return {uuid: outage.fault for uuid, outage in self._outages.items()}
 
     def next_deadline(self) -> float | None:
         """When the earliest recovery check is due; None when every device is Healthy."""
@@ -255,7 +293,12 @@ class HealthTracker:
             outage = self._outages.get(uuid)
             if outage is None:
                 first = self.timing.first_check_s
-                self._outages[uuid] = _Outage(last_fault=now, next_check=now + first, delay=first)
+                self._outages[uuid] = _Outage(
+                    fault=Fault(cause, xid, why),
+                    last_fault=now,
+                    next_check=now + first,
+                    delay=first,
+                )
                 newly.append(uuid)
             else:
                 outage.last_fault = now  # postpones recovery; the check schedule stays

@@ -13,7 +13,8 @@ Socket names are unique per start (`sharing-<slug>-<random>.sock`): kubelet iden
 by its endpoint, and a name reused across restarts could be mistaken for a stale one. The slug
 keeps only `[a-z0-9.-]` of the resource name, so nothing an admin types reaches a path unchecked.
 A plugin that was killed leaves its sockets behind, and only a kubelet restart cleans the
-directory; `remove_stale_sockets` deletes, at start, those of our names that nobody listens on.
+directory; `remove_stale_sockets` deletes, at start, those of our names that nobody listens on,
+and `live_sockets` finds those somebody does (what `run-dra` must not start beside).
 Start, register, restart and stop are serialised by one lock; a supervisor that must stop
 quickly cancels a pending register or restart before calling stop().
 """
@@ -52,7 +53,13 @@ from sharing_plugin.kubelet.servicer import (
 )
 from sharing_plugin.plan import ResourcePlan
 
-__all__ = ["AllocateContext", "ResourceServer", "remove_stale_sockets", "socket_name"]
+__all__ = [
+    "AllocateContext",
+    "ResourceServer",
+    "live_sockets",
+    "remove_stale_sockets",
+    "socket_name",
+]
 
 log = logging.getLogger(__name__)
 
@@ -122,6 +129,25 @@ def remove_stale_sockets(kubelet_dir: Path) -> list[Path]:
             ", ".join(p.name for p in removed),
         )
     return removed
+
+
+def live_sockets(kubelet_dir: Path) -> list[Path]:
+    """Our sockets in `<kubelet_dir>/device-plugins` that somebody listens on (a running `run`),
+    in name order; a missing or unreadable directory has none."""
+    try:
+        entries = sorted((Path(kubelet_dir) / DEVICE_PLUGINS_DIR).iterdir())
+    except OSError:
+        return []
+    live: list[Path] = []
+    for path in entries:
+        if not _OUR_SOCKET.fullmatch(path.name):
+            continue
+        try:
+            if stat.S_ISSOCK(os.lstat(path).st_mode) and _listened_on(path):
+                live.append(path)
+        except OSError:
+            continue
+    return live
 
 
 def _listened_on(path: Path) -> bool:

@@ -229,16 +229,17 @@ def pool_devices(
 ) -> tuple[PublishedDevice, ...]:
     """What the pool publishes: the plan's devices, then the held devices the plan dropped.
 
-    An unhealthy device is published with its GPU's taint from `taints` (GPU UUID -> taint):
-    it stays visible and is not allocated to new claims; without a taint for it (`taints`
-    None: a server without device taints) it leaves the pool. `held` names devices of
-    prepared claims; `kept` has what was published for them. A held device the plan no longer
-    has stays published unchanged until its claim is unprepared (the draining rule).
+    An unhealthy device is published with its taint from `taints` (GPU or MIG UUID -> taint:
+    the device's own, else its GPU's): it stays visible and is not allocated to new claims;
+    without a taint for it (`taints` None: a server without device taints) it leaves the pool.
+    `held` names devices of prepared claims; `kept` has what was published for them. A held
+    device the plan no longer has stays published unchanged until its claim is unprepared (the
+    draining rule).
     """
     kept = kept or {}
     published: list[PublishedDevice] = []
     for d in devices:
-        taint = (taints or {}).get(d.gpu_uuid) if not d.healthy else None
+        taint = _taint(d, taints) if not d.healthy else None
         if d.healthy or taint is not None:
             published.append(d.published(taint))
     planned = {d.name for d in devices}
@@ -246,6 +247,12 @@ def pool_devices(
         if name in kept:
             published.append(kept[name])
     return tuple(published)
+
+
+def _taint(device: DraDevice, taints: Mapping[str, DeviceTaint] | None) -> DeviceTaint | None:
+    if not taints:
+        return None
+    return taints.get(device.device.physical) or taints.get(device.gpu_uuid)
 
 
 def config_resource_names(config: Config) -> set[str]:

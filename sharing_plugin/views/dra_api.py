@@ -359,11 +359,23 @@ def _cel_string(text: str) -> str:
 
 
 def device_class(resource: str, driver: str, *, api_version: str = V1) -> dict[str, Any]:
+    """The DeviceClass of `resource`'s devices. In v1 it also claims `resource` as its extended
+    resource name (`spec.extendedResourceName`, Kubernetes 1.34+): a pod asking
+    `resources.limits: {nvidia.com/gpu: 1}`, as written for the device plugin, is given one of
+    these devices through a claim the scheduler makes, on nodes that do not list the name in
+    their allocatable (those served by a device plugin keep it). The name must be unique among
+    the cluster's classes (the API server does not check; the scheduler takes the newest class),
+    which holds with one class per resource name and driver."""
+    spec: dict[str, Any] = {
+        "selectors": [{"cel": {"expression": class_selector(resource, driver)}}]
+    }
+    if api_version == V1:
+        spec["extendedResourceName"] = resource
     return {
         "apiVersion": api_version,
         "kind": "DeviceClass",
         "metadata": {"name": device_class_name(resource, driver)},
-        "spec": {"selectors": [{"cel": {"expression": class_selector(resource, driver)}}]},
+        "spec": spec,
     }
 
 

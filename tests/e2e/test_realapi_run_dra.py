@@ -1,6 +1,7 @@
 """`run-dra` as deploy/dra/ configures it, on a real kube-apiserver (tests/realapi.py): deploy/dra/
 rendered by `kubectl kustomize` is accepted whole by `kubectl apply --server-side
---dry-run=server` (RBAC, the DaemonSet, the DeviceClasses with their CEL selectors compiled), then
+--dry-run=server` (RBAC, the DaemonSet, the DeviceClasses with their CEL selectors compiled and
+their extended resource names validated), then
 applied, and `sharing-plugin run-dra` runs as a child process with its ServiceAccount's token and
 its DaemonSet's env. Its ResourceSlices pass the server's resource.k8s.io/v1 validation, a pool
 of more devices than one slice holds included; a claim allocated one of them (written as the
@@ -54,16 +55,33 @@ BY_REPLICA = "dra:\n  sharedDevices: replicas\n"
 def test_deploy_dra_applies_and_its_cel_selectors_compile(real_api: realapi.RealApi) -> None:
     docs = render(DEPLOY_DRA)
     # The whole of deploy/dra as the server would take it (RBAC, the DaemonSet, the DeviceClasses
-    # in resource.k8s.io/v1beta1 with their CEL selectors compiled); the same DeviceClasses as
-    # resource.k8s.io/v1, as their comment says they work on 1.34+; and, to show that the dry run
-    # does compile them, one whose expression does not compile. One kubectl call for all.
+    # in resource.k8s.io/v1 with their CEL selectors compiled and their extended resource names
+    # validated); the same DeviceClasses as resource.k8s.io/v1beta1 without extendedResourceName,
+    # as their comment says to write them for 1.32-1.33; and, to show that the dry run does
+    # compile them, one whose expression does not compile. One kubectl call for all.
     classes = [
-        {**d, "apiVersion": "resource.k8s.io/v1"} for d in docs if d["kind"] == "DeviceClass"
+        {
+            **d,
+            "apiVersion": "resource.k8s.io/v1beta1",
+            "metadata": {"name": realapi.unique("beta")},
+            "spec": {"selectors": d["spec"]["selectors"]},
+        }
+        for d in docs
+        if d["kind"] == "DeviceClass"
     ]
-    assert classes
+    assert classes and all(
+        d["apiVersion"] == "resource.k8s.io/v1" for d in docs if d["kind"] == "DeviceClass"
+    )
     broken = {**classes[0], "metadata": {"name": realapi.unique("broken")}}
     broken["spec"] = {"selectors": [{"cel": {"expression": 'device.driver == "a" &&'}}]}
-    items = [*docs, *classes, broken]
+    # The DaemonSet with the MPS component too (mps-control beside run-dra, hostIPC).
+    (with_mps,) = [
+        d
+        for d in render(DEPLOY_DRA, [DEPLOY_DRA / "components" / "mps"])
+        if d["kind"] == "DaemonSet"
+    ]
+    with_mps["metadata"]["name"] = realapi.unique("with-mps")
+    items = [*docs, *classes, with_mps, broken]
     said = real_api.kubectl(
         "apply",
         "--server-side",
@@ -73,7 +91,7 @@ def test_deploy_dra_applies_and_its_cel_selectors_compile(real_api: realapi.Real
         stdin=json.dumps({"apiVersion": "v1", "kind": "List", "items": items}),
         check=False,
     )
-    assert said.count("serverside-applied (server dry run)") == len(docs) + len(classes), said
+    assert said.count("serverside-applied (server dry run)") == len(docs) + len(classes) + 1, said
     refused = [line for line in said.splitlines() if broken["metadata"]["name"] in line]
     assert refused and "compilation failed" in refused[0], said
 

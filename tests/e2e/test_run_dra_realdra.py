@@ -182,8 +182,10 @@ async def test_real_allocator_and_kubelet_prepare_our_devices(
     # Deregistered twice: the killed plugin's stale socket removed, then ours at exit.
     events = await real.wait_registrations(2, "DeRegisterPlugin")
     assert events[-1]["call"] == "DeRegisterPlugin"
+    # The health service listed beside them does not trouble a 1.32 kubelet (which does not
+    # watch health unless ResourceHealthStatus is on).
     services = {tuple(e["versions"]) for e in events if e["call"] == "RegisterPlugin"}
-    assert services == {("v1.DRAPlugin", "v1beta1.DRAPlugin")}
+    assert services == {("v1.DRAPlugin", "v1beta1.DRAPlugin", "v1alpha1.DRAResourceHealth")}
 
 
 async def test_real_cel_selects_a_mig_profile_from_our_attributes(

@@ -187,6 +187,10 @@ async def test_an_ignored_xid_changes_nothing(short_dir: Path) -> None:
         await run.kubelet.wait_for(lambda: unhealthy(run) == expected, timeout=1.0)
         assert run.daemon.pipeline.health[gpu_uuid(run, 2)]
         assert run.allocatable() == {GPU: 6}
+        # Why GPU 3 is Unhealthy reaches the pipeline's consumers beside the health mapping.
+        assert {u: f.reason for u, f in run.daemon.pipeline.faults.items()} == {
+            gpu_uuid(run, 3): "xid-79"
+        }
 
 
 async def test_a_lost_gpu_is_unhealthy_until_it_answers_again(short_dir: Path) -> None:
@@ -197,8 +201,13 @@ async def test_a_lost_gpu_is_unhealthy_until_it_answers_again(short_dir: Path) -
         append_fault(node, {"gpu": 1, "lost": True})
         await run.kubelet.wait_for(lambda: unhealthy(run) == expected, timeout=1.0)
         assert run.allocatable() == {GPU: 6}
+        # A lost GPU delivers Xid 79 (fallen off the bus) before its queries fail.
+        assert {u: f.reason for u, f in run.daemon.pipeline.faults.items()} == {
+            gpu_uuid(run, 1): "xid-79"
+        }
         append_fault(node, {"gpu": 1, "lost": False})
         await run.kubelet.wait_for(lambda: run.allocatable() == {GPU: 8}, timeout=4.0)
+        assert run.daemon.pipeline.faults == {}
 
 
 async def test_a_gpu_lost_through_the_simulator_is_unhealthy(short_dir: Path) -> None:

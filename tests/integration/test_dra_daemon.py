@@ -1,14 +1,13 @@
 """run-dra in-process: the config's plan published as the node's pool, claims allocated by the
-test allocator and prepared through the DRA kubelet simulator, reloads, health and restarts."""
+test allocator and prepared through the DRA kubelet simulator, reloads and restarts (health:
+test_dra_health.py)."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 from pathlib import Path
 
 import pytest
-from daemon_harness import append_fault, node_file
 from dra_harness import DRIVER, NODE, dra_running, foreign_claim
 from kube_api import FakeKubeApi
 
@@ -209,28 +208,6 @@ async def test_mps_claims_get_the_pipe_directory(short_dir: Path) -> None:
         spec = json.loads((short_dir / "cdi" / f"{DRIVER}-claim_{ref.uid}.json").read_text())
         (device,) = spec["devices"]
         assert "CUDA_MPS_PIPE_DIRECTORY=/mps/nvidia.com/gpu/pipe" in device["containerEdits"]["env"]
-
-
-async def test_an_unhealthy_gpu_leaves_the_pool_within_a_second_and_comes_back(
-    short_dir: Path,
-) -> None:
-    node = node_file(
-        short_dir,
-        {"gpus": [{"product": "NVIDIA A100-SXM4-80GB", "count": 2}], "faults": []},
-    )
-    recovery = "health:\n  recoveryQuietPeriodSeconds: 1\n  recoveryCheckSeconds: 1\n"
-    async with dra_running(short_dir, shared(2) + recovery, gpus=f"simulated:{node}") as run:
-        devices = await run.published(4)
-        monitor = run.daemon.pipeline.health_monitor
-        assert monitor is not None
-        async with asyncio.timeout(2):
-            await monitor.watching.wait()
-        sick = next(d.attributes["uuid"]["string"] for d in devices)
-        append_fault(node, {"gpu": 0, "xid": 79})
-        left = await run.keeper.wait_published(lambda d: len(d) == 2, timeout=1.0)
-        assert sick not in {d.attributes["uuid"]["string"] for d in left}
-        assert len(run.device_names()) == 2
-        await run.published(4, timeout=5.0)
 
 
 async def test_a_v1beta1_cluster_gets_v1beta1_slices_and_calls(short_dir: Path) -> None:

@@ -19,7 +19,7 @@ from sharing_plugin.nvml.discover import discover
 from sharing_plugin.plan.node import plan_node
 from sharing_plugin.sim.nvml.node import preset_names
 from sharing_plugin.views.dra import config_resource_names
-from sharing_plugin.views.dra_api import V1BETA1, device_class
+from sharing_plugin.views.dra_api import V1, device_class
 
 ROOT = Path(__file__).resolve().parents[2]
 DRA = ROOT / "deploy" / "dra"
@@ -64,9 +64,13 @@ def test_one_device_class_per_example_resource_as_run_dra_names_them(
     classes = of_kind(rendered, "DeviceClass")
     expected = sorted(example_resources())
     assert {"nvidia.com/gpu", "nvidia.com/gpu.shared", "nvidia.com/mig-1g.10gb"} <= set(expected)
-    wanted = [device_class(n, DRIVER, api_version=V1BETA1) for n in expected]
+    wanted = [device_class(n, DRIVER, api_version=V1) for n in expected]
     by_name = {c["metadata"]["name"]: c for c in classes}
     assert len(by_name) == len(classes) == len(wanted)
+    # Each claims its resource name as extended resource, and no two claim the same one (the
+    # API server would take both, and the scheduler only the newer).
+    claimed = [c["spec"]["extendedResourceName"] for c in classes]
+    assert sorted(claimed) == expected
     for document in wanted:
         found = by_name.get(document["metadata"]["name"])
         assert found is not None, f"deploy/dra has no DeviceClass {document['metadata']['name']}"
@@ -97,7 +101,11 @@ def test_the_daemonset_runs_run_dra_with_its_flags(rendered: list[dict[str, Any]
     assert mounts["plugins-registry"] == kubelet / "plugins_registry"
     assert mounts["plugins"] == kubelet / "plugins"
     assert mounts["cdi"] == PurePosixPath(env["CDI_DIR"]["value"])
-    for name in ("plugins-registry", "plugins", "cdi"):
+    # Read-only: run-dra only connects to the device plugin's sockets there (a refusal to start).
+    assert mounts["device-plugins"] == kubelet / "device-plugins"
+    readonly = {m["name"] for m in container["volumeMounts"] if m.get("readOnly")}
+    assert "device-plugins" in readonly
+    for name in ("plugins-registry", "plugins", "cdi", "device-plugins"):
         assert PurePosixPath(host[name]) == mounts[name], f"{name}: same path as on the host"
     assert pod["serviceAccountName"] == "sharing-plugin-dra"
     port = int(env["METRICS_ADDRESS"]["value"].rpartition(":")[2])

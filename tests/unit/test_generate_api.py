@@ -32,8 +32,9 @@ def test_regenerating_both_trees_gives_the_committed_bytes(tmp_path: Path) -> No
     assert done.returncode == 0, done.stderr
     written = {str(Path(line).relative_to(tmp_path)) for line in done.stdout.splitlines()}
     committed = generated_under(ROOT)
-    # Four files for each .proto: device plugin, PodResources, registration, DRA v1beta1, v1.
-    assert len(committed) == 20
+    # Four files for each .proto: device plugin, PodResources, registration, DRA v1beta1, v1,
+    # DRA resource health v1alpha1.
+    assert len(committed) == 24
     assert written == generated_under(tmp_path) == committed
     differing = sorted(
         name for name in written if (tmp_path / name).read_bytes() != (ROOT / name).read_bytes()

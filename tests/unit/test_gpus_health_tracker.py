@@ -11,6 +11,7 @@ from plan_factory import gpu, gpu_uuid, mig_uuid, node
 from sharing_plugin.gpus.health_tracker import (
     Cause,
     EventKind,
+    Fault,
     HealthTracker,
     RecoveryTiming,
     XidPolicy,
@@ -143,6 +144,40 @@ def test_an_ecc_error_during_an_outage_postpones_recovery() -> None:
 def test_an_xid_is_not_an_ecc_event() -> None:
     with pytest.raises(ValueError, match="on_xid"):
         tracker().on_ecc(gpu_uuid(0), EventKind.XID, now=0)
+
+
+def test_each_unhealthy_device_keeps_the_fault_that_made_it_so_until_it_recovers() -> None:
+    t = tracker()
+    assert t.faults == {}
+    t.on_xid(gpu_uuid(0), 79, now=0)
+    t.on_xid(mig_uuid(1, 1), 94, now=0)
+    t.on_ecc(gpu_uuid(2), EventKind.DOUBLE_BIT_ECC, now=0)
+    t.on_xid(gpu_uuid(0), 48, now=1)  # a repeat changes neither the fault nor its reason
+    t.on_lost(gpu_uuid(0), now=2)
+    assert {uuid: f.reason for uuid, f in t.faults.items()} == {
+        gpu_uuid(0): "xid-79",
+        mig_uuid(1, 1): "xid-94",
+        gpu_uuid(2): "ecc-double",
+    }
+    assert t.faults[gpu_uuid(0)].describe() == "Xid 79"
+    assert t.faults[gpu_uuid(2)].describe() == ("double-bit ECC error (uncorrectable memory error)")
+    assert t.on_check(gpu_uuid(2), answered=True, now=100) is not None
+    assert gpu_uuid(2) not in t.faults
+    assert t.reset() is not None and t.faults == {}
+
+
+def test_a_lost_or_unattributed_fault_says_so() -> None:
+    t = tracker()
+    t.on_lost(gpu_uuid(0), now=0, detail="NVML_ERROR_GPU_IS_LOST")
+    t.on_xid(None, 79, now=0)
+    lost, unattributed = t.faults[gpu_uuid(0)], t.faults[gpu_uuid(1)]
+    assert (lost.reason, lost.describe()) == ("lost", "lost: NVML_ERROR_GPU_IS_LOST")
+    assert unattributed == Fault(
+        Cause.UNATTRIBUTED_XID,
+        79,
+        "Xid 79 from an unknown device, which cannot be attributed to one GPU",
+    )
+    assert unattributed.reason == "xid-79"
 
 
 def test_a_lost_gpu_is_unhealthy() -> None:

@@ -29,6 +29,7 @@ from sharing_plugin.views.dra_api import (
     CounterSet,
     DeviceTaint,
     PublishedDevice,
+    device_class,
     device_class_name,
     dns_label,
     dropped_features,
@@ -245,6 +246,23 @@ def test_dra_documents_classes_for_plan_and_config_names_then_slices() -> None:
     ]
     assert [d["kind"] for d in docs[len(classes) :]] == ["ResourceSlice"]
     assert all(d["apiVersion"] == V1 for d in docs)
+    # Each class claims its resource name as extended resource (unique: one class per name),
+    # so a pod asking nvidia.com/gpu as for the device plugin is served from it.
+    assert [c["spec"]["extendedResourceName"] for c in classes] == [
+        "nvidia.com/gpu",
+        "nvidia.com/gpu.other",
+    ]
+
+
+def test_a_v1beta1_class_claims_no_extended_resource() -> None:
+    # resource.k8s.io/v1beta1 is spoken to 1.32-1.33 servers, which have no such field.
+    assert (
+        "extendedResourceName"
+        not in device_class("nvidia.com/gpu", DRIVER, api_version=V1BETA1)["spec"]
+    )
+    assert (
+        device_class("nvidia.com/gpu", DRIVER)["spec"]["extendedResourceName"] == "nvidia.com/gpu"
+    )
 
 
 def test_a_resource_name_too_long_for_an_attribute_is_refused() -> None:

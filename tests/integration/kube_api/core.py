@@ -142,6 +142,13 @@ class CoreResources(WatchStreams):
         obj.setdefault("status", {})
         self._store_checked(kind, obj)
 
+    def set_node_allocatable(self, name: str, allocatable: Mapping[str, str]) -> None:
+        """What the kubelet posts in the Node's status: its allocatable resources."""
+        kind = KINDS["nodes"]
+        obj = copy.deepcopy(self._objects[("nodes", "", name)])
+        obj.setdefault("status", {})["allocatable"] = dict(allocatable)
+        self._store_checked(kind, obj)
+
     def node(self, name: str) -> dict[str, Any]:
         return copy.deepcopy(self._objects[("nodes", "", name)])
 

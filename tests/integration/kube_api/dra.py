@@ -38,7 +38,8 @@ class DraResources(ObjectStore):
     dra_versions: tuple[str, ...] = ("v1", "v1beta1")
     # Feature gates that are off: like kube-apiserver, the fields of a disabled feature are
     # dropped from a ResourceSlice on write, silently (checked on the real 1.36 server with
-    # DRAConsumableCapacity=false: allowMultipleAllocations and requestPolicy vanish).
+    # DRAConsumableCapacity=false: allowMultipleAllocations and requestPolicy vanish; with
+    # DRADeviceTaints=false, as Kubernetes 1.34-1.35 default to, the devices' taints do).
     dra_features_off: frozenset[str] = frozenset()
 
     # -- objects, from the test's side
