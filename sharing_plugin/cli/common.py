@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import re
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -24,6 +25,28 @@ STDIN = "-"
 
 Flag = tuple[str, str, str | None, str]
 """(flag, env var, default, help): a flag that also reads an env var, as the DaemonSet sets it."""
+
+
+DEFAULT_DRIVER = "gpu.sharing-plugin.io"  # views.dra_api.DEFAULT_DRIVER, without importing it
+DRIVER_FLAG: Flag = (
+    "--driver-name",
+    "DRIVER_NAME",
+    DEFAULT_DRIVER,
+    "DRA driver name (a DNS subdomain)",
+)
+# ResourceSlice.spec.driver: a DNS subdomain of at most 63 characters.
+_DRIVER = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+
+
+def driver_name(args: argparse.Namespace) -> str:
+    """`--driver-name`, checked as the API server checks a ResourceSlice's driver."""
+    driver: str = args.driver_name
+    if len(driver) > 63 or not _DRIVER.fullmatch(driver):
+        raise ValueError(
+            f"--driver-name must be a lower-case DNS subdomain of at most 63 characters "
+            f"(got {driver!r})"
+        )
+    return driver
 
 
 # Where the config comes from, which GPUs, and this node: the serving commands' `SourceOptions`.

@@ -5,16 +5,17 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import re
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from sharing_plugin.cli.common import (
+    DRIVER_FLAG,
     LOG_FLAGS,
     METRICS_FLAGS,
     SOURCE_FLAGS,
     Flag,
     add_env_flags,
+    driver_name,
     on_off,
     serve_command,
     source_options,
@@ -23,9 +24,8 @@ from sharing_plugin.cli.common import (
 if TYPE_CHECKING:
     from sharing_plugin.daemon.dra import DraDaemon, DraOptions
 
-DEFAULT_DRIVER = "gpu.sharing-plugin.io"  # views.dra.DEFAULT_DRIVER, without importing the views
 DRA_FLAGS: tuple[Flag, ...] = (
-    ("--driver-name", "DRIVER_NAME", DEFAULT_DRIVER, "DRA driver name (a DNS subdomain)"),
+    DRIVER_FLAG,
     (
         "--cdi-dir",
         "CDI_DIR",
@@ -41,8 +41,6 @@ DRA_FLAGS: tuple[Flag, ...] = (
 )
 FLAGS: tuple[Flag, ...] = (*SOURCE_FLAGS, *METRICS_FLAGS, *LOG_FLAGS, *DRA_FLAGS)
 """Every flag of `run-dra`, each with the env var it also reads."""
-# ResourceSlice.spec.driver: a DNS subdomain of at most 63 characters.
-_DRIVER = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -58,12 +56,7 @@ def dra_options(args: argparse.Namespace) -> DraOptions:
 
     if not args.node_name:
         raise ValueError("--node-name (NODE_NAME) is required: the node's pool is published")
-    driver = args.driver_name
-    if len(driver) > 63 or not _DRIVER.fullmatch(driver):
-        raise ValueError(
-            f"--driver-name must be a lower-case DNS subdomain of at most 63 characters "
-            f"(got {driver!r})"
-        )
+    driver = driver_name(args)
     if not args.cdi_dir:
         raise ValueError("--cdi-dir must name a directory")
     return DraOptions(

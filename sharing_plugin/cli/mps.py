@@ -7,10 +7,12 @@ import logging
 from typing import TYPE_CHECKING
 
 from sharing_plugin.cli.common import (
+    DRIVER_FLAG,
     LOG_FLAGS,
     SOURCE_FLAGS,
     Flag,
     add_env_flags,
+    driver_name,
     serve_command,
     source_options,
 )
@@ -32,6 +34,8 @@ MPS_FLAGS: tuple[Flag, ...] = (
         "config (each daemon limits its clients) or claims (run-dra: each claim's CDI edits "
         "limit its client; the daemons set none)",
     ),
+    # With claims: run-dra's prepared claims (its checkpoint) hold a daemon as pods do.
+    DRIVER_FLAG,
 )
 # Metrics and health are served by `run`, in the same pod and network namespace.
 FLAGS: tuple[Flag, ...] = (*SOURCE_FLAGS, *LOG_FLAGS, *MPS_FLAGS)
@@ -57,6 +61,7 @@ def mps_options(args: argparse.Namespace) -> MpsControlOptions:
         source=source_options(args),
         control_bin=args.mps_control_bin,
         limits_from_claims=args.limits_from == "claims",
+        driver_name=driver_name(args),
     )
 
 

@@ -12,8 +12,14 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
-from sharing_plugin.cli.common import EXIT_INVALID, EXIT_OK, EXIT_USAGE, STDIN, add_env_flags
-from sharing_plugin.cli.dra import DEFAULT_DRIVER
+from sharing_plugin.cli.common import (
+    DEFAULT_DRIVER,
+    EXIT_INVALID,
+    EXIT_OK,
+    EXIT_USAGE,
+    STDIN,
+    add_env_flags,
+)
 from sharing_plugin.errors import ConfigError, PlanError, SharingPluginError
 
 if TYPE_CHECKING:

@@ -40,13 +40,13 @@ from sharing_plugin.daemon.outcome import Applied, Served
 from sharing_plugin.daemon.pipeline import PipelineFeatures
 from sharing_plugin.daemon.service import ObservedService
 from sharing_plugin.dra.cdi import CdiSpecDir
-from sharing_plugin.dra.checkpoint import CHECKPOINT_FILE, Checkpoint
+from sharing_plugin.dra.checkpoint import Checkpoint, checkpoint_path
 from sharing_plugin.dra.claims import ApiClaimReader
 from sharing_plugin.dra.features import keeps_device_taints
 from sharing_plugin.dra.health import DeviceHealthServicer
 from sharing_plugin.dra.prepare import ClaimPreparer, PoolState
 from sharing_plugin.dra.resources import discover_version
-from sharing_plugin.dra.server import DraPluginServer, plugin_dir
+from sharing_plugin.dra.server import DraPluginServer
 from sharing_plugin.dra.slices import SlicePublisher
 from sharing_plugin.errors import KubeApiError, StartupError
 from sharing_plugin.nvml.api import NvmlApi
@@ -126,7 +126,7 @@ class DraDaemon(ObservedService):
             pool=node,
             claims=ApiClaimReader(client, version),
             specs=CdiSpecDir(self.options.cdi_dir),
-            checkpoint=Checkpoint(plugin_dir(source.kubelet_dir, driver) / CHECKPOINT_FILE),
+            checkpoint=Checkpoint(checkpoint_path(source.kubelet_dir, driver)),
             state=lambda: self.keeper.state if self.keeper else None,
             on_change=lambda: self.keeper.changed() if self.keeper else None,
         )

@@ -20,6 +20,7 @@ plugin stops vouching for them once their state file is no longer confirmed.
 from __future__ import annotations
 
 import asyncio
+import logging
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -28,13 +29,17 @@ from sharing_plugin.daemon.options import SourceOptions
 from sharing_plugin.daemon.outcome import Applied, Served
 from sharing_plugin.daemon.report import Reports
 from sharing_plugin.daemon.service import NodeService
+from sharing_plugin.dra.checkpoint import Checkpoint, checkpoint_path, held_by_resource
 from sharing_plugin.kubelet.podresources import PodResourcesClient
 from sharing_plugin.mps import MpsControl
 from sharing_plugin.nvml.api import NvmlApi
 from sharing_plugin.plan.mps import MpsDaemon
+from sharing_plugin.views.dra_api import DEFAULT_DRIVER
 
 if TYPE_CHECKING:
     from lightkube import AsyncClient
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,8 +48,10 @@ class MpsControlOptions:
 
     source: SourceOptions = field(default_factory=SourceOptions)
     control_bin: str = "nvidia-cuda-mps-control"
-    # DRA mode: each client's limits come from its claim (CDI edits), not the daemon's defaults.
+    # DRA mode: each client's limits come from its claim (CDI edits), not the daemon's defaults,
+    # and the claims run-dra (this DRA driver) prepared hold a daemon as pods' replicas do.
     limits_from_claims: bool = False
+    driver_name: str = DEFAULT_DRIVER
     timing: KeeperTiming = field(default_factory=KeeperTiming)
     recheck_s: float = 2.0  # how often PodResources is asked while a change waits for pods
 
@@ -73,6 +80,10 @@ class MpsController(NodeService):
         self._lock = asyncio.Lock()
         self._recheck: asyncio.Task[Any] | None = None
         self.pod_resources = PodResourcesClient(options.source.kubelet_dir)
+        self.claims: Checkpoint | None = None
+        if options.limits_from_claims:
+            where = checkpoint_path(options.source.kubelet_dir, options.driver_name)
+            self.claims = Checkpoint(where)
         # Metrics and /status are `run`'s, in the same pod: here the reports are the log.
         super().__init__(
             options.source,
@@ -112,7 +123,7 @@ class MpsController(NodeService):
     async def _reconcile(self) -> None:
         """Bring the running daemons in line with `_wanted`, sparing daemons pods still use."""
         async with self._lock:
-            held: dict[str, frozenset[str]] | None = None
+            held: dict[str, int] | None = None
             waiting = False
             for name in sorted({*self._wanted, *self._keepers}):
                 want = self._wanted.get(name)
@@ -129,12 +140,13 @@ class MpsController(NodeService):
                     self._keep(want)
                     continue
                 if held is None:
-                    held = await self.pod_resources.held_devices() or {}
-                holders = len(held.get(name, ()))
+                    held = await self._held()
+                holders = held.get(name, 0)
                 if holders:
                     what = "new GPUs or limits" if want is not None else "stopping the daemon"
+                    unit = "device(s) their claims" if self.claims else "replica(s) they"
                     kept.keeper.set_waiting(
-                        f"{what} waits until pods release the {holders} replica(s) they hold"
+                        f"{what} waits until pods release the {holders} {unit} hold"
                     )
                     waiting = True
                     continue
@@ -143,6 +155,22 @@ class MpsController(NodeService):
                     self._keep(want)
             if waiting:
                 self._schedule_recheck()
+
+    async def _held(self) -> dict[str, int]:
+        """Devices pods hold, by resource: the kubelet's device-plugin devices, and in DRA mode
+        the devices of the claims run-dra prepared (PodResources does not list those)."""
+        held = {
+            name: len(ids) for name, ids in (await self.pod_resources.held_devices() or {}).items()
+        }
+        if self.claims is not None:
+            claims = await asyncio.to_thread(self.claims.peek)
+            if claims is None:
+                # Unreadable now: assume every daemon is in use rather than end its clients.
+                log.warning("cannot read %s: MPS daemons are kept as they are", self.claims.path)
+                return {name: 1 for name in {*self._keepers, *self._wanted}}
+            for name, count in held_by_resource(claims).items():
+                held[name] = held.get(name, 0) + count
+        return held
 
     def _keep(self, spec: MpsDaemon) -> None:
         keeper = DaemonKeeper(spec, control=self.control, timing=self.options.timing)

@@ -22,12 +22,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from sharing_plugin.dra.api.constants import PLUGINS_DIR
 from sharing_plugin.dra.claims import ClaimRef
 from sharing_plugin.views.dra_api import PublishedDevice
 
 log = logging.getLogger(__name__)
 
 CHECKPOINT_FILE = "checkpoint.json"
+
+
+def checkpoint_path(kubelet_dir: Path, driver: str) -> Path:
+    """Where `run-dra` keeps the checkpoint of `driver`: in the driver's plugin directory."""
+    return Path(kubelet_dir) / PLUGINS_DIR / driver / CHECKPOINT_FILE
+
+
 _VERSION = 1
 
 
@@ -89,6 +97,19 @@ class PreparedClaim:
         )
 
 
+def held_by_resource(claims: Mapping[str, PreparedClaim]) -> dict[str, int]:
+    """How many devices prepared claims hold, by the resource name each was published under."""
+    held: dict[str, int] = {}
+    for claim in claims.values():
+        published = {p.name: p for p in claim.published}
+        for device in claim.devices:
+            entry = published.get(device.device)
+            resource = (entry.attributes.get("resource") or {}).get("string") if entry else None
+            if isinstance(resource, str):
+                held[resource] = held.get(resource, 0) + 1
+    return held
+
+
 def _checksum(claims: list[dict[str, Any]]) -> str:
     canonical = json.dumps(claims, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(canonical.encode()).hexdigest()
@@ -124,6 +145,21 @@ class Checkpoint:
             os.replace(self.path, aside)
             return {}
         return {c.ref.uid: c for c in loaded}
+
+    def peek(self) -> dict[str, PreparedClaim] | None:
+        """The prepared claims as the file holds them, for another process (mps-control): never
+        moves or writes anything; None when the file is unreadable or does not check out (it is
+        replaced whole, so a reader never sees half of one)."""
+        try:
+            data = json.loads(self.path.read_text())
+            claims = data["claims"]
+            if data.get("version") != _VERSION or data.get("checksum") != _checksum(claims):
+                return None
+            return {c.ref.uid: c for c in (PreparedClaim.from_json(c) for c in claims)}
+        except FileNotFoundError:
+            return {}
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
 
     def save(self, claims: Mapping[str, PreparedClaim]) -> None:
         entries = [claims[uid].to_json() for uid in sorted(claims)]

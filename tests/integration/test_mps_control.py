@@ -8,8 +8,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from daemon_harness import node_file
+from daemon_harness import eventually, node_file
 from mps_harness import (
+    RESOURCE,
     TWO_GPUS,
     controller,
     daemon_pid,
@@ -23,7 +24,16 @@ from mps_harness import (
 )
 from support.mps import write_wrapper
 
+from sharing_plugin.dra.checkpoint import (
+    Checkpoint,
+    PreparedClaim,
+    PreparedDevice,
+    checkpoint_path,
+    held_by_resource,
+)
+from sharing_plugin.dra.claims import ClaimRef
 from sharing_plugin.mps import DaemonState, process_alive
+from sharing_plugin.views.dra_api import DEFAULT_DRIVER, PublishedDevice
 
 
 @pytest.fixture
@@ -138,6 +148,54 @@ async def test_a_resource_no_longer_shared_stops_its_daemon(
             await outcomes.applied()
         assert first.pid is not None and not process_alive(first.pid)
         assert record(mps_root) is None
+
+
+def prepare_claim(kubelet_dir: Path, resource: str) -> Checkpoint:
+    """run-dra's checkpoint with one claim prepared on a device of `resource`, as it writes it."""
+    checkpoint = Checkpoint(checkpoint_path(kubelet_dir, DEFAULT_DRIVER))
+    device = PublishedDevice(
+        name="gpu-0a1b", attributes={"resource": {"string": resource}}, capacity={}
+    )
+    claim = PreparedClaim(
+        ref=ClaimRef("ml", "mps-claim", "uid-1"),
+        devices=(PreparedDevice(("gpu",), "node-a", device.name, ("cdi",), share_id="s1"),),
+        spec_file="spec.json",
+        published=(device,),
+    )
+    checkpoint.save({claim.ref.uid: claim})
+    return checkpoint
+
+
+async def test_under_dra_a_daemon_a_prepared_claim_uses_waits_for_its_release(
+    short_dir: Path, binary: Path, gpus: str
+) -> None:
+    mps_root = short_dir / "mps"
+    config = short_dir / "config.yaml"
+    config.write_text(mps_config(mps_root))
+    kubelet_dir = short_dir / "kubelet"
+    async with controller(
+        config, binary, gpus=gpus, kubelet_dir=kubelet_dir, limits_from_claims=True
+    ) as running:
+        first = await eventually_record(mps_root, lambda r: r.state is DaemonState.READY)
+        # PodResources lists no DRA claims: only run-dra's checkpoint says a client runs here.
+        checkpoint = prepare_claim(kubelet_dir, RESOURCE)
+        with running.pipeline.outcomes() as outcomes:
+            write(config, f"version: v1\nflags:\n  mpsRoot: {mps_root}\n")
+            await outcomes.applied()
+        waiting = await eventually_record(mps_root, lambda r: r.state is DaemonState.WAITING)
+        assert waiting.reason is not None and "1 device(s) their claims hold" in waiting.reason
+        assert first.pid is not None and process_alive(first.pid)
+        checkpoint.save({})  # the claim unprepared
+        await eventually(lambda: record(mps_root) is None, within=5)
+        assert not process_alive(first.pid)
+
+
+def test_an_unreadable_checkpoint_is_not_taken_for_no_claims(short_dir: Path) -> None:
+    checkpoint = prepare_claim(short_dir, RESOURCE)
+    assert held_by_resource(checkpoint.peek() or {}) == {RESOURCE: 1}
+    checkpoint.path.write_text(checkpoint.path.read_text().replace("uid-1", "uid-2"))
+    assert checkpoint.peek() is None  # the checksum does not match: not "nothing held"
+    assert checkpoint.path.exists()  # and another process's file is left as it is
 
 
 async def test_a_broken_binary_is_retried_and_reported(short_dir: Path, gpus: str) -> None:

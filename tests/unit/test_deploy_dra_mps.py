@@ -17,6 +17,7 @@ from sharing_plugin.gpus.inventory import GpuUuid
 from sharing_plugin.plan.model import DeviceId, Plan, ResourcePlan, VirtualDevice
 from sharing_plugin.views.cdi import claim_spec
 from sharing_plugin.views.dra import DraDevice
+from sharing_plugin.views.dra_api import DEFAULT_DRIVER
 
 ROOT = Path(__file__).resolve().parents[2]
 DRA = ROOT / "deploy" / "dra"
@@ -112,6 +113,14 @@ def test_mps_control_reads_run_dras_config_as_its_service_account_allows() -> No
     }
     volumes = by_name(spec["volumes"])
     assert volumes["pod-resources"]["hostPath"]["path"] == f"{kubelet_dir}/pod-resources"
+    # run-dra's checkpoint, where the claims holding a daemon are: read, never written.
+    driver = env.get("DRIVER_NAME", {"value": DEFAULT_DRIVER})["value"]
+    assert mounts["dra-plugin"] == {
+        "name": "dra-plugin",
+        "mountPath": f"{kubelet_dir}/plugins/{driver}",
+        "readOnly": True,
+    }
+    assert volumes["dra-plugin"]["hostPath"]["path"] == f"{kubelet_dir}/plugins/{driver}"
     assert mounts["config"] == by_name(plugin["volumeMounts"])["config"]
     assert mounts["tmp"]["mountPath"] == "/tmp"
     assert control["securityContext"]["readOnlyRootFilesystem"] is True
