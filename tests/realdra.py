@@ -79,6 +79,37 @@ class RealDra:
         created: dict[str, Any] = (await self.ok({"cmd": "create", "object": document}))["object"]
         return created
 
+    async def claim_for_pod(
+        self, name: str, request: dict[str, Any], *, node: str, version: str = "v1"
+    ) -> None:
+        """A ResourceClaim `name` in `default` with one request (`exactly` in v1, the request
+        itself in v1beta1), and a pod of the same name on `node` whose container uses it."""
+        body = (
+            {"name": "gpu", "exactly": request} if version == "v1" else {"name": "gpu", **request}
+        )
+        await self.create(
+            {
+                "apiVersion": f"resource.k8s.io/{version}",
+                "kind": "ResourceClaim",
+                "metadata": {"name": name, "namespace": "default"},
+                "spec": {"devices": {"requests": [body]}},
+            }
+        )
+        await self.create(
+            {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "metadata": {"name": name, "namespace": "default"},
+                "spec": {
+                    "nodeName": node,
+                    "resourceClaims": [{"name": "g", "resourceClaimName": name}],
+                    "containers": [
+                        {"name": "c", "image": "x", "resources": {"claims": [{"name": "g"}]}}
+                    ],
+                },
+            }
+        )
+
     async def wait_registrations(
         self, count: int, call: str = "RegisterPlugin", within: float = 10.0
     ) -> list[dict[str, Any]]:

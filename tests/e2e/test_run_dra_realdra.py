@@ -86,7 +86,6 @@ async def create_pod(
     real: RealDra, name: str, class_name: str, *, count: int = 1, selector: str | None = None
 ) -> None:
     request: dict[str, Any] = {
-        "name": "gpus",
         "deviceClassName": class_name,
         # The harness's API server does no defaulting: what kube-apiserver would fill in.
         "allocationMode": "ExactCount",
@@ -94,34 +93,7 @@ async def create_pod(
     }
     if selector is not None:
         request["selectors"] = [{"cel": {"expression": selector}}]
-    await real.ok(
-        {
-            "cmd": "create",
-            "object": {
-                "apiVersion": "resource.k8s.io/v1beta1",
-                "kind": "ResourceClaim",
-                "metadata": {"name": name, "namespace": "default"},
-                "spec": {"devices": {"requests": [request]}},
-            },
-        }
-    )
-    await real.ok(
-        {
-            "cmd": "create",
-            "object": {
-                "apiVersion": "v1",
-                "kind": "Pod",
-                "metadata": {"name": name, "namespace": "default"},
-                "spec": {
-                    "nodeName": NODE,
-                    "resourceClaims": [{"name": "g", "resourceClaimName": name}],
-                    "containers": [
-                        {"name": "c", "image": "x", "resources": {"claims": [{"name": "g"}]}}
-                    ],
-                },
-            },
-        }
-    )
+    await real.claim_for_pod(name, request, node=NODE, version="v1beta1")
 
 
 def pod(name: str) -> dict[str, str]:

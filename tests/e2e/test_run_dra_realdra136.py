@@ -82,28 +82,7 @@ async def claim_pod(real: RealDra, name: str, *, memory: str | None = None) -> N
     }
     if memory is not None:
         exactly["capacity"] = {"requests": {"memory": memory}}
-    await real.create(
-        {
-            "apiVersion": "resource.k8s.io/v1",
-            "kind": "ResourceClaim",
-            "metadata": {"name": name, "namespace": "default"},
-            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": exactly}]}},
-        }
-    )
-    await real.create(
-        {
-            "apiVersion": "v1",
-            "kind": "Pod",
-            "metadata": {"name": name, "namespace": "default"},
-            "spec": {
-                "nodeName": NODE,
-                "resourceClaims": [{"name": "g", "resourceClaimName": name}],
-                "containers": [
-                    {"name": "c", "image": "x", "resources": {"claims": [{"name": "g"}]}}
-                ],
-            },
-        }
-    )
+    await real.claim_for_pod(name, exactly, node=NODE)
 
 
 def pod(name: str) -> dict[str, str]:

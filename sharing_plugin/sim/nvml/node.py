@@ -20,7 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from pydantic.alias_generators import to_camel
 
 from sharing_plugin.errors import ConfigError, Problem
-from sharing_plugin.sim.nvml.workload import Process, UtilizationCall
+from sharing_plugin.sim.nvml.workload import Process, UtilizationCall, read_entries
 
 PRESET_PACKAGE = "sharing_plugin.sim.nvml.presets"
 
@@ -167,21 +167,8 @@ def load_node_file(path: Path) -> LoadedNode:
 
 
 def read_faults(path: Path) -> tuple[Fault, ...] | None:
-    """The current `faults` list of a node file, or None when it cannot be read or parsed now.
-
-    Called while the file is being edited, so a half-written file is not an error: the caller
-    keeps what it had and looks again at the next change.
-    """
-    try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except (OSError, yaml.YAMLError, ValueError, OverflowError):
-        return None
-    if not isinstance(data, dict):
-        return None
-    try:
-        return tuple(Fault.model_validate(f) for f in (data.get("faults") or ()))
-    except ValidationError:
-        return None
+    """The current `faults` list of a node file (see `read_entries`)."""
+    return read_entries(path, "faults", Fault)
 
 
 def read_driver_loaded(path: Path) -> bool | None:

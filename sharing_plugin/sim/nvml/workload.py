@@ -16,11 +16,13 @@ from __future__ import annotations
 import re
 from decimal import Decimal, InvalidOperation
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, TypeVar
 
 import yaml
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 from pydantic.alias_generators import to_camel
+
+Entry = TypeVar("Entry", bound=BaseModel)
 
 # Linux's largest pid_max (PID_MAX_LIMIT on 64-bit kernels).
 PID_MAX = 1 << 22
@@ -85,9 +87,13 @@ class Process(BaseModel):
     mps: bool = False
 
 
-def read_processes(path: Path) -> tuple[Process, ...] | None:
-    """The current `processes` list of a node file, or None when it cannot be read or parsed
-    now (the caller keeps what it had and looks again at the next change)."""
+def read_entries(path: Path, key: str, model: type[Entry]) -> tuple[Entry, ...] | None:
+    """The current `key` list of a node file (`faults`, `processes`), each entry a `model`, or
+    None when it cannot be read or parsed now.
+
+    Called while the file is being edited, so a half-written file is not an error: the caller
+    keeps what it had and looks again at the next change.
+    """
     try:
         data = yaml.safe_load(path.read_text(encoding="utf-8"))
     except (OSError, yaml.YAMLError, ValueError, OverflowError):
@@ -95,6 +101,11 @@ def read_processes(path: Path) -> tuple[Process, ...] | None:
     if not isinstance(data, dict):
         return None
     try:
-        return tuple(Process.model_validate(p) for p in (data.get("processes") or ()))
+        return tuple(model.model_validate(e) for e in (data.get(key) or ()))
     except ValidationError:
         return None
+
+
+def read_processes(path: Path) -> tuple[Process, ...] | None:
+    """The current `processes` list of a node file (see `read_entries`)."""
+    return read_entries(path, "processes", Process)
