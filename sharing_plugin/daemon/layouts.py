@@ -6,7 +6,9 @@ with what pods (or, in DRA mode, prepared claims) hold. A layout that must wait 
 release an instance is pending: it is retried every `retry_s` seconds, through the pipeline's
 own update path, until
 it is applied or a new config replaces it. Each GPU's state is kept here as a value and shown
-in /status.
+in /status. A dynamic entry (`partitioning.mig[].dynamic`: instances made per claim) is only
+for a command that partitions GPUs per claim (`run-dra`); elsewhere a config with one is
+rejected before anything is touched.
 """
 
 from __future__ import annotations
@@ -18,9 +20,10 @@ from collections.abc import Awaitable, Callable, Mapping
 from sharing_plugin.config.model import Config
 from sharing_plugin.daemon.mig import MigReconciler
 from sharing_plugin.daemon.tasks import TaskOwner
-from sharing_plugin.errors import PlanError
+from sharing_plugin.errors import PlanError, Problem
 from sharing_plugin.gpus.inventory import Inventory
 from sharing_plugin.mig.desired import Holder
+from sharing_plugin.mig.select import entry_path
 from sharing_plugin.mig.state import GpuMigState, MigState
 from sharing_plugin.observability.status import StatusBoard
 from sharing_plugin.plan.node import plan_node
@@ -40,8 +43,11 @@ class MigLayouts:
         tasks: TaskOwner,
         retry: Callable[[], Awaitable[None]],
         retry_s: float,
+        dynamic: bool = False,
     ) -> None:
+        """`dynamic`: whether the command serves dynamic entries."""
         self._reconciler = reconciler
+        self._dynamic = dynamic
         self._status = status
         self._held_by = held_by
         self._tasks = tasks
@@ -57,6 +63,8 @@ class MigLayouts:
         Raises PlanError (nothing touched) when a declared layout cannot fit its GPU, or when
         the config does not fit the node as the layouts would leave it.
         """
+        if not self._dynamic and (refused := _dynamic_entries(config)):
+            raise PlanError(refused)
         checked = plan_node(config, inventory)
         if checked.problems:
             raise PlanError(checked.problems)
@@ -94,3 +102,18 @@ class MigLayouts:
                 await self._retry()
 
         self._retrying = self._tasks.spawn(retry(), name="mig-retry")
+
+
+def _dynamic_entries(config: Config) -> list[Problem]:
+    """A problem at each dynamic entry, for a command that does not create instances per claim."""
+    entries = config.partitioning.mig if config.partitioning is not None else ()
+    return [
+        Problem(
+            f"{entry_path(i)}.dynamic",
+            "dynamic MIG is served by sharing-plugin run-dra only (instances created per "
+            "claim); the device plugin (run) serves fixed layouts: run run-dra on this node, "
+            "or remove dynamic and declare profiles",
+        )
+        for i, layout in enumerate(entries)
+        if layout.dynamic
+    ]

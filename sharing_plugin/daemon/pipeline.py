@@ -64,12 +64,15 @@ claims in DRA."""
 class PipelineFeatures:
     """What a command's pipeline does beyond config -> plan: GPU health watching
     (`health_env`: `run`, `run-dra`), carrying out `partitioning.mig` (`mig_held_by`: which MIG
-    devices are held, retried every `mig_retry_s` while a layout waits), `run`'s Node status
-    and GFD labels (`node_report`)."""
+    devices are held, retried every `mig_retry_s` while a layout waits; `dynamic_mig`: its
+    dynamic entries are served, MIG mode turned on and the instances left to the command;
+    otherwise a config with one is rejected), `run`'s Node status and GFD labels
+    (`node_report`)."""
 
     health_env: HealthEnv | None = None
     mig_held_by: HeldBy | None = None
     mig_retry_s: float = 2.0
+    dynamic_mig: bool = False
     node_report: NodeReportOptions | None = None
 
 
@@ -116,6 +119,7 @@ class NodePipeline:
         self._node_report = features.node_report
         self._mig_held_by = features.mig_held_by
         self._mig_retry_s = features.mig_retry_s
+        self._dynamic_mig = features.dynamic_mig
         self.lock = asyncio.Lock()
         self.source: ConfigFeed | None = None
         self._discovery = GpuDiscovery(
@@ -164,6 +168,7 @@ class NodePipeline:
                 # config's layout would never be finished.
                 retry=lambda: self.reapply(Trigger.MIG_RETRY),
                 retry_s=self._mig_retry_s,
+                dynamic=self._dynamic_mig,
             )
         if self._health_env is not None:
             if described := self._health_env.describe():
@@ -361,10 +366,16 @@ class NodePipeline:
         inventory, changed = await self._layouts.apply(config, inventory)
         self.reports.node.mig(self._layouts.states, inventory)
         if changed:
-            self._discovery.inventory = inventory
-            if self._health_monitor is not None:
-                self._health_monitor.update_inventory(inventory)
+            self.node_changed(inventory)
         return inventory
+
+    def node_changed(self, inventory: Inventory) -> None:
+        """The GPUs are now as `inventory` says (a MIG layout applied, or an instance made or
+        destroyed for a DRA claim): later updates plan on it, and health events on new MIG
+        devices are attributed to them."""
+        self._discovery.inventory = inventory
+        if self._health_monitor is not None:
+            self._health_monitor.update_inventory(inventory)
 
     async def _apply(self, applied: Applied) -> None:
         new = self._applied is None or applied.generation != self._applied.generation
