@@ -54,6 +54,15 @@ def _mig_resource_name(config: Config, profile: str) -> str:
         return named
     if config.flags.mig_strategy is MigStrategy.SINGLE:
         return DEFAULT_GPU_RESOURCE
+    return profile_resource_name(config, profile)
+
+
+def profile_resource_name(config: Config, profile: str) -> str:
+    """The resource a MIG device of `profile` is advertised under on its own (the mixed
+    strategy's name, or the first `resources.mig` pattern that matches it)."""
+    named = _first_match(config.resources.mig, profile)
+    if named is not None:
+        return named
     # Resource names allow no `+`: the reference advertises 1g.10gb+me as mig-1g.10gb.me.
     return "nvidia.com/mig-" + profile.replace("+", ".")
 
