@@ -16,7 +16,10 @@ published until their claim is unprepared (the draining rule); an unhealthy GPU'
 the pool at once. After every registration the kubelet confirms, the pool is written again even
 if unchanged: the kubelet deletes a driver's slices when the driver goes away.
 
-`partitioning.mig` is not applied here: MIG devices are served as they are (`run` applies layouts).
+Declared MIG layouts (`partitioning.mig` with `profiles`) are applied as `run` applies them,
+with "held" meaning the GPU and MIG devices prepared claims hold. A dynamic entry's GPUs are
+published as partitionable devices (`views/dra_mig.py`) and their instances made and destroyed
+per claim (`daemon/dra_mig.py`); that needs resource.k8s.io/v1.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from sharing_plugin.config.base import SharedDevices
+from sharing_plugin.daemon.dra_mig import NodePartitioner, claim_holders
 from sharing_plugin.daemon.dra_pool import PoolKeeper
 from sharing_plugin.daemon.health_monitor import HealthEnv
 from sharing_plugin.daemon.options import SourceOptions
@@ -41,10 +45,14 @@ from sharing_plugin.dra.prepare import ClaimPreparer, PoolState
 from sharing_plugin.dra.resources import discover_version
 from sharing_plugin.dra.server import DraPluginServer, plugin_dir
 from sharing_plugin.dra.slices import SlicePublisher
-from sharing_plugin.errors import KubeApiError, StartupError
+from sharing_plugin.errors import KubeApiError, PlanError, Problem, StartupError
+from sharing_plugin.mig.desired import Holder
+from sharing_plugin.mig.select import entry_path
 from sharing_plugin.nvml.api import NvmlApi
+from sharing_plugin.sources.update import Trigger
 from sharing_plugin.views.dra import dra_devices
 from sharing_plugin.views.dra_api import DEFAULT_DRIVER, V1
+from sharing_plugin.views.dra_mig import DynamicPool, dynamic_pool
 
 if TYPE_CHECKING:
     from lightkube import AsyncClient
@@ -85,7 +93,9 @@ class DraDaemon(ObservedService):
             nvml=nvml,
             kube_client=kube_client,
             metrics_address=options.metrics_address,
-            features=PipelineFeatures(health_env=options.health_env),
+            features=PipelineFeatures(
+                health_env=options.health_env, mig_held_by=self._held_by, dynamic_mig=True
+            ),
         )
 
     # --- lifecycle ---------------------------------------------------------------------------
@@ -115,7 +125,13 @@ class DraDaemon(ObservedService):
             specs=CdiSpecDir(self.options.cdi_dir),
             checkpoint=Checkpoint(plugin_dir(source.kubelet_dir, driver) / CHECKPOINT_FILE),
             state=lambda: self.keeper.state if self.keeper else None,
-            on_change=lambda: self.keeper.changed() if self.keeper else None,
+            on_change=self._claims_changed,
+            partitioner=NodePartitioner(
+                self.nvml,
+                pipeline=self.pipeline,
+                metrics=self.metrics,
+                on_change=self._node_changed,
+            ),
         )
         self.keeper = PoolKeeper(
             SlicePublisher(client, driver=driver, node_name=node, api_version=version),
@@ -152,15 +168,15 @@ class DraDaemon(ObservedService):
 
     def check(self, applied: Applied) -> None:
         """The plan's devices as DRA devices; PlanError for what the API cannot carry."""
-        self._checked = (applied, self._pool_state(applied))
+        state = self._pool_state(applied)
+        if state.mig.gpus and not self._capacity:
+            raise PlanError(_needs_v1(applied))
+        self._checked = (applied, state)
 
     async def apply(self, applied: Applied) -> Served:
         checked, self._checked = self._checked, None
         state = checked[1] if checked is not None and checked[0] is applied else None
         state = state or self._pool_state(applied)
-        partitioning = applied.config.partitioning
-        if partitioning is not None and partitioning.mig:
-            log.warning("run-dra does not apply partitioning.mig: MIG devices are served as is")
         assert self.keeper is not None
         self.keeper.set_state(state)
         return Served(f"{len(state.devices)} DRA device(s)")
@@ -173,5 +189,58 @@ class DraDaemon(ObservedService):
     def _pool_state(self, applied: Applied) -> PoolState:
         plan = self.pipeline.healthy_plan(applied)
         shared = applied.config.dra.shared_devices if self._capacity else SharedDevices.REPLICAS
-        devices = {d.name: d for d in dra_devices(plan, applied.inventory, shared=shared)}
-        return PoolState(devices=devices, plan=plan, flags=applied.config.flags)
+        mig = self._dynamic(applied)
+        devices = {
+            d.name: d
+            for d in dra_devices(plan, applied.inventory, shared=shared)
+            if d.gpu_uuid not in mig.gpu_uuids  # a dynamic GPU is its placements only
+        }
+        return PoolState(devices=devices, plan=plan, flags=applied.config.flags, mig=mig)
+
+    # --- dynamic MIG and declared layouts ------------------------------------------------------
+
+    def _dynamic(self, applied: Applied) -> DynamicPool:
+        """The config's dynamic GPUs as they are now (instances made since the last update
+        included), with the GPU and MIG devices that are unhealthy."""
+        node = self.pipeline.inventory or applied.inventory
+        unhealthy: set[str] = {g.uuid for g in node.gpus if not g.healthy_at_discovery}
+        if self.options.health_env.settings(applied.config.health).enabled:
+            unhealthy |= {uuid for uuid, ok in self.pipeline.health.items() if not ok}
+        return dynamic_pool(applied.config, node, unhealthy=unhealthy)
+
+    def _claims_changed(self) -> None:
+        """Claims were prepared or unprepared: the pool keeps what they hold, and a declared
+        layout that waited for a claim to let go of an instance is tried again now."""
+        if self.keeper is not None:
+            self.keeper.changed()
+        if self.pipeline.mig_pending:
+            try:
+                self._tasks.spawn(self.pipeline.reapply(Trigger.MIG_RETRY), name="mig-claims")
+            except RuntimeError:  # stopping: nothing is retried any more
+                log.debug("not retrying the pending MIG layout: stopping")
+
+    def _node_changed(self) -> None:
+        """An instance was made or destroyed for a claim (under the pipeline's lock)."""
+        applied = self.pipeline.applied
+        if applied is not None and self.keeper is not None:
+            self.keeper.set_state(self._pool_state(applied))
+
+    async def _held_by(self) -> dict[str, Holder]:
+        """What prepared claims hold, for the declared layouts: never destroyed under them."""
+        if self.preparer is None:
+            return {}
+        return claim_holders(self.preparer.prepared, self.pipeline.inventory)
+
+
+def _needs_v1(applied: Applied) -> list[Problem]:
+    entries = applied.config.partitioning.mig if applied.config.partitioning else ()
+    return [
+        Problem(
+            f"{entry_path(i)}.dynamic",
+            "dynamic MIG needs partitionable devices (resource.k8s.io/v1, Kubernetes 1.34+); "
+            "this API server serves only resource.k8s.io/v1beta1: remove dynamic and declare "
+            "profiles",
+        )
+        for i, layout in enumerate(entries)
+        if layout.dynamic
+    ]

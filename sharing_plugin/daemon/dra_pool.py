@@ -5,8 +5,10 @@ applied), and the devices prepared claims hold. Whatever changes one of them mar
 dirty; one task writes the newest pool, so a burst of reloads or health events is one write and
 two writers never race. A failed write is retried with backoff (0.2 s doubling to 10 s by
 default). Held devices the plan dropped stay published until their claim is unprepared (the
-draining rule, `views.dra.pool_devices`). `registered()` asks for a forced publish, which checks
-the API and rewrites what the kubelet deleted.
+draining rule, `views.dra.pool_devices`), and so do the counter sets they consume from. Dynamic
+MIG placements and their counter sets come from the state's `mig` (`views.dra_mig`).
+`registered()` asks for a forced publish, which checks the API and rewrites what the kubelet
+deleted.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from sharing_plugin.dra.slices import SlicePublisher
 from sharing_plugin.errors import KubeApiError
 from sharing_plugin.observability.status import StatusBoard
 from sharing_plugin.views.dra import pool_devices
-from sharing_plugin.views.dra_api import PublishedDevice
+from sharing_plugin.views.dra_api import CounterSet, PublishedDevice
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +48,7 @@ class PoolKeeper:
         self._dirty = asyncio.Event()
         self._force = False
         self._published = asyncio.Condition()
+        self._counter_sets: dict[str, CounterSet] = {}  # last published, by name
 
     def set_state(self, state: PoolState) -> None:
         """The node serves `state` now."""
@@ -64,9 +67,25 @@ class PoolKeeper:
 
     def pool(self) -> tuple[PublishedDevice, ...]:
         """What the pool should hold now: the plan's healthy devices and the draining ones."""
+        return self._pool()[1]
+
+    def _pool(self) -> tuple[tuple[CounterSet, ...], tuple[PublishedDevice, ...]]:
+        """The counter sets and the devices of the pool now."""
         held = self._held()
-        devices = tuple(self.state.devices.values()) if self.state is not None else ()
-        return pool_devices(devices, held=held.keys(), kept=held)
+        state = self.state
+        if state is None:
+            return (), pool_devices((), held=held.keys(), kept=held)
+        counters, placements = state.mig.published(held=held.keys())
+        dynamic = {d.name for d in placements}
+        devices = tuple(state.devices.values())
+        published = pool_devices(devices, held=held.keys() - dynamic, kept=held) + placements
+        sets = {c.name: c for c in counters}
+        for device in published:  # a held device keeps the counter set it consumes from
+            for name in device.consumes:
+                if name not in sets and name in self._counter_sets:
+                    sets[name] = self._counter_sets[name]
+        self._counter_sets = sets
+        return tuple(sets.values()), published
 
     async def run(self) -> None:
         """Publish every change until cancelled."""
@@ -77,7 +96,8 @@ class PoolKeeper:
             self._dirty.clear()
             force, self._force = self._force, False
             try:
-                await self.publisher.publish(self.pool(), force=force)
+                counters, devices = self._pool()
+                await self.publisher.publish(devices, counter_sets=counters, force=force)
             except KubeApiError as exc:
                 log.warning("publishing ResourceSlices: %s; retrying in %.1f s", exc, delay)
                 self._force = self._force or force

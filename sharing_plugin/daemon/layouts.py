@@ -88,6 +88,11 @@ class MigLayouts:
         self._status.set_mig_states(self._states)
 
     @property
+    def pending(self) -> bool:
+        """Whether a layout waits (for a pod, a claim or a GPU reset) and is being retried."""
+        return self._pending
+
+    @property
     def states(self) -> Mapping[str, GpuMigState]:
         """Every selected GPU's layout state after the last apply."""
         return self._states

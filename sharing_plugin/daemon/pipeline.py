@@ -216,6 +216,17 @@ class NodePipeline:
         return self._applied
 
     @property
+    def mig_pending(self) -> bool:
+        """Whether a declared MIG layout waits for something to be released."""
+        return self._layouts is not None and self._layouts.pending
+
+    @property
+    def inventory(self) -> Inventory | None:
+        """The node's GPUs as they are now (None before the first discovery): the last
+        `Applied`'s, or newer where instances were made or destroyed since."""
+        return self._discovery.inventory
+
+    @property
     def health(self) -> Mapping[str, bool]:
         """GPU and MIG UUID -> Healthy, as the health monitor last reported (absent: Healthy)."""
         return dict(self._health)

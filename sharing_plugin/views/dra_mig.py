@@ -85,6 +85,31 @@ def placement_name(gpu_uuid: str, profile: str, start: int) -> str:
 
 
 @dataclass(frozen=True, slots=True)
+class PlacementRef:
+    """Where a placement device's instance is: enough to find it again (at unprepare, after a
+    restart, from what was published for the claim)."""
+
+    gpu_uuid: str
+    profile: str
+    start: int
+
+    def __str__(self) -> str:
+        return f"{self.profile}@{self.start} on GPU {self.gpu_uuid}"
+
+
+def published_placement(device: PublishedDevice) -> PlacementRef | None:
+    """The placement a published device stands for; None for any other device."""
+    start = device.attributes.get(MIG_START, {}).get("int")
+    profile = device.attributes.get("migProfile", {}).get("string")
+    gpu = device.attributes.get("uuid", {}).get("string")
+    if isinstance(start, bool) or not isinstance(start, int):
+        return None
+    if not isinstance(profile, str) or not isinstance(gpu, str):
+        return None
+    return PlacementRef(gpu, profile, start)
+
+
+@dataclass(frozen=True, slots=True)
 class Placement:
     """One instance a dynamic GPU can have: a profile at a start, published as one device."""
 
@@ -103,6 +128,10 @@ class Placement:
 
     def __str__(self) -> str:
         return f"{self.spec.name}@{self.start}"
+
+    @property
+    def ref(self) -> PlacementRef:
+        return PlacementRef(self.gpu.uuid, self.spec.name, self.start)
 
     def published(
         self, *, consuming: bool = True, taint: DeviceTaint | None = None
