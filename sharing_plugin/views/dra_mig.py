@@ -26,6 +26,7 @@ from __future__ import annotations
 
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
+from functools import lru_cache
 
 from sharing_plugin.config.model import Config
 from sharing_plugin.gpus.catalog import MigModel, MigProfileSpec, model_for
@@ -64,8 +65,10 @@ def gpu_counters(mig: MigModel) -> dict[str, int]:
     return counters
 
 
+@lru_cache(maxsize=1024)
 def consumption(spec: MigProfileSpec, start: int) -> dict[str, int]:
-    """What an instance of `spec` at `start` takes of its GPU's counters."""
+    """What an instance of `spec` at `start` takes of its GPU's counters (shared: not to be
+    changed)."""
     used = {memory_slice(i): 1 for i in range(start, start + spec.memory_slices)}
     used[COMPUTE_SLICES] = spec.compute_slices
     if spec.media_extensions:
@@ -78,6 +81,7 @@ def counter_set_name(gpu_uuid: str) -> str:
     return dns_label(f"{gpu_uuid}-mig")
 
 
+@lru_cache(maxsize=4096)
 def placement_name(gpu_uuid: str, profile: str, start: int) -> str:
     """The device of one placement: `<gpu uuid>-<profile>-at-<start>` as a DNS label (`+` and
     `.` become `-`), stable for the same GPU and placement."""
@@ -136,26 +140,41 @@ class Placement:
     def published(
         self, *, consuming: bool = True, taint: DeviceTaint | None = None
     ) -> PublishedDevice:
-        attributes: dict[str, Attribute] = {
-            "resource": {"string": self.resource},
-            "uuid": {"string": self.gpu.uuid},
-            "productName": {"string": self.gpu.product[:MAX_STRING_ATTRIBUTE]},
-            "sharing": {"string": "none"},
-            "index": {"int": self.gpu.index},
-            "migProfile": {"string": self.spec.name},
-            MIG_START: {"int": self.start},
-        }
-        return PublishedDevice(
-            name=self.name,
-            attributes=attributes,
-            capacity={"memory": Capacity(memory_quantity(self.spec.memory_mib))},
-            consumes=(
-                {counter_set_name(self.gpu.uuid): consumption(self.spec, self.start)}
-                if consuming
-                else {}
-            ),
-            taints=(taint,) if taint is not None else (),
+        gpu = self.gpu
+        return _published(
+            gpu.uuid, gpu.product, gpu.index, self.resource, self.spec, self.start, consuming, taint
         )
+
+
+@lru_cache(maxsize=8192)
+def _published(
+    gpu_uuid: str,
+    product: str,
+    index: int,
+    resource: str,
+    spec: MigProfileSpec,
+    start: int,
+    consuming: bool,
+    taint: DeviceTaint | None,
+) -> PublishedDevice:
+    """One placement's device (kept: the pool is computed again at every change, and a node
+    has a few hundred placements that rarely change; shared, so never to be changed)."""
+    attributes: dict[str, Attribute] = {
+        "resource": {"string": resource},
+        "uuid": {"string": gpu_uuid},
+        "productName": {"string": product[:MAX_STRING_ATTRIBUTE]},
+        "sharing": {"string": "none"},
+        "index": {"int": index},
+        "migProfile": {"string": spec.name},
+        MIG_START: {"int": start},
+    }
+    return PublishedDevice(
+        name=placement_name(gpu_uuid, spec.name, start),
+        attributes=attributes,
+        capacity={"memory": Capacity(memory_quantity(spec.memory_mib))},
+        consumes={counter_set_name(gpu_uuid): consumption(spec, start)} if consuming else {},
+        taints=(taint,) if taint is not None else (),
+    )
 
 
 @dataclass(frozen=True, slots=True)
