@@ -56,6 +56,8 @@ BENCHMARKS = (
         "bench_reload.py", ("--rounds", "50", "--idle-s", "2", "--real-api-rounds", "50"), 90
     ),
     Benchmark("bench_fleet.py", (), 60),
+    # 200 prepares of a dynamic-MIG claim, then run-dra against the real 1.36 allocator: ~6 s.
+    Benchmark("bench_dra_mig.py", ("--rounds", "200"), 60),
     # 60 s idle window, as issue 17 measures it; ~100 s in all on 2 cores.
     Benchmark("bench_daemon.py", ("--rounds", "50", "--runs", "5", "--idle-s", "60"), 240),
 )
