@@ -6,11 +6,14 @@ allocator knows no partitionable devices); the real 1.36 allocator's tests are i
 
 from __future__ import annotations
 
+import asyncio
 import json
+import logging
 from pathlib import Path
 from typing import Any
 
 import pytest
+from daemon_harness import append_fault, node_file
 from dra_harness import DRIVER, NODE, DraRun, dra_running
 from kube_api import FakeKubeApi
 
@@ -298,3 +301,58 @@ async def test_run_dra_logs_nothing_about_not_applying_layouts(
     async with dra_running(short_dir, config, gpus=A100) as run:
         await run.keeper.wait_published(lambda d: len(d) > 0)
     assert not any("does not apply partitioning.mig" in r.message for r in caplog.records)
+
+
+async def test_an_xid_on_a_claims_new_mig_device_is_that_devices_alone(short_dir: Path) -> None:
+    """The health watch follows the instances made for claims: an Xid on one is attributed to
+    it, not taken for an unknown device (which would mark every GPU unhealthy)."""
+    gpus = {"product": "NVIDIA A100-SXM4-80GB", "count": 2, "mig": {"enabled": True}}
+    path = node_file(short_dir, {"gpus": [gpus]})
+    spec = f"simulated:{path}"
+    first, second = (g.uuid for g in discover(backend_from_spec(spec)).gpus)
+    watches = _Watches()
+    logger = logging.getLogger("sharing_plugin.daemon.health_monitor")
+    level = logger.level
+    logger.setLevel(logging.INFO)  # the line counted is logged at INFO
+    logger.addHandler(watches)
+    try:
+        async with dra_running(short_dir, dynamic("all"), gpus=spec) as run:
+            await run.published(2 * 25)
+            await watches.started(1)
+            ref = claim(run, "hot", placement_name(first, "3g.40gb", 0))
+            assert (await run.prepare(ref)).error == ""
+            (mig,) = discover(run.nvml).gpus[0].mig_devices
+            monitor = run.daemon.pipeline.health_monitor
+            assert monitor is not None and mig.uuid in monitor.health
+            await watches.started(2)  # watching again, the new MIG device among the devices
+            append_fault(path, {"gpu": mig.uuid, "xid": 94})
+            pipeline = run.daemon.pipeline
+            await run.keeper.wait_published(lambda d: pipeline.health.get(mig.uuid) is False)
+            assert pipeline.health.get(first) is not False
+            assert pipeline.health.get(second) is not False
+            published = {d.name for d in run.keeper.pool()}
+            assert placement_name(second, "7g.80gb", 0) in published  # the other GPU serves on
+            assert placement_name(first, "3g.40gb", 0) in published  # held until unprepared
+    finally:
+        logger.removeHandler(watches)
+        logger.setLevel(level)
+
+
+class _Watches(logging.Handler):
+    """Counts the health monitor's watch starts (its log line), for a test to wait on."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.count = 0
+        self._changed = asyncio.Event()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if record.getMessage().startswith("GPU health: watching"):
+            self.count += 1
+            self._changed.set()
+
+    async def started(self, count: int) -> None:
+        async with asyncio.timeout(5):
+            while self.count < count:
+                self._changed.clear()
+                await self._changed.wait()
