@@ -136,7 +136,7 @@ class PoolKeeper:
         for device in published:
             resource = str(device.attributes["resource"]["string"])
             total, healthy, draining = counts.get(resource, (0, 0, []))
-            if device.name in self.state.devices:
+            if device.name in self.state.devices or self.state.mig.placement(device.name):
                 counts[resource] = (total + 1, healthy + 1, draining)
             else:
                 counts[resource] = (total + 1, healthy, [*draining, device.name])

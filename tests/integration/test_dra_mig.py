@@ -115,6 +115,13 @@ async def test_a_dynamic_gpu_is_published_as_its_placements_over_one_counter_set
             }
         ]
         assert calls(run) == []  # MIG mode was on already: nothing to do until a claim
+        status = run.daemon.status.to_json()["resources"]
+        assert status["nvidia.com/mig-1g.10gb"] == {
+            "devices": 7,
+            "healthy": 7,
+            "draining": [],
+            "registered": True,
+        }
 
 
 async def test_prepare_creates_the_instance_and_unprepare_destroys_it(short_dir: Path) -> None:
