@@ -45,9 +45,8 @@ from sharing_plugin.dra.prepare import ClaimPreparer, PoolState
 from sharing_plugin.dra.resources import discover_version
 from sharing_plugin.dra.server import DraPluginServer, plugin_dir
 from sharing_plugin.dra.slices import SlicePublisher
-from sharing_plugin.errors import KubeApiError, PlanError, Problem, StartupError
+from sharing_plugin.errors import KubeApiError, StartupError
 from sharing_plugin.mig.desired import Holder
-from sharing_plugin.mig.select import entry_path
 from sharing_plugin.nvml.api import NvmlApi
 from sharing_plugin.sources.update import Trigger
 from sharing_plugin.views.dra import dra_devices
@@ -84,6 +83,7 @@ class DraDaemon(ObservedService):
         self.options = options
         self._checked: tuple[Applied, PoolState] | None = None
         self._capacity = False
+        self._partitionable = False  # counter sets: resource.k8s.io/v1
         self.preparer: ClaimPreparer | None = None
         self.keeper: PoolKeeper | None = None
         self.server: DraPluginServer | None = None
@@ -94,7 +94,9 @@ class DraDaemon(ObservedService):
             kube_client=kube_client,
             metrics_address=options.metrics_address,
             features=PipelineFeatures(
-                health_env=options.health_env, mig_held_by=self._held_by, dynamic_mig=True
+                health_env=options.health_env,
+                mig_held_by=self._held_by,
+                dynamic_mig=self._dynamic_refused,
             ),
         )
 
@@ -118,6 +120,7 @@ class DraDaemon(ObservedService):
         # Consumable capacity is resource.k8s.io/v1's (Kubernetes 1.34+); an older server is
         # given one device per replica whatever the config asks.
         self._capacity = version == V1
+        self._partitionable = version == V1
         self.preparer = ClaimPreparer(
             driver=driver,
             pool=node,
@@ -168,10 +171,7 @@ class DraDaemon(ObservedService):
 
     def check(self, applied: Applied) -> None:
         """The plan's devices as DRA devices; PlanError for what the API cannot carry."""
-        state = self._pool_state(applied)
-        if state.mig.gpus and not self._capacity:
-            raise PlanError(_needs_v1(applied))
-        self._checked = (applied, state)
+        self._checked = (applied, self._pool_state(applied))
 
     async def apply(self, applied: Applied) -> Served:
         checked, self._checked = self._checked, None
@@ -225,22 +225,19 @@ class DraDaemon(ObservedService):
         if applied is not None and self.keeper is not None:
             self.keeper.set_state(self._pool_state(applied))
 
+    def _dynamic_refused(self) -> str | None:
+        """Why dynamic entries cannot be served (None: they can): partitionable devices are
+        resource.k8s.io/v1's."""
+        if self._partitionable:
+            return None
+        return (
+            "dynamic MIG needs partitionable devices (resource.k8s.io/v1, Kubernetes 1.34+); "
+            "this API server serves only resource.k8s.io/v1beta1: remove dynamic and declare "
+            "profiles"
+        )
+
     async def _held_by(self) -> dict[str, Holder]:
         """What prepared claims hold, for the declared layouts: never destroyed under them."""
         if self.preparer is None:
             return {}
         return claim_holders(self.preparer.prepared, self.pipeline.inventory)
-
-
-def _needs_v1(applied: Applied) -> list[Problem]:
-    entries = applied.config.partitioning.mig if applied.config.partitioning else ()
-    return [
-        Problem(
-            f"{entry_path(i)}.dynamic",
-            "dynamic MIG needs partitionable devices (resource.k8s.io/v1, Kubernetes 1.34+); "
-            "this API server serves only resource.k8s.io/v1beta1: remove dynamic and declare "
-            "profiles",
-        )
-        for i, layout in enumerate(entries)
-        if layout.dynamic
-    ]

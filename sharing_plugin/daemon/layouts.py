@@ -7,8 +7,9 @@ release an instance is pending: it is retried every `retry_s` seconds, through t
 own update path, until
 it is applied or a new config replaces it. Each GPU's state is kept here as a value and shown
 in /status. A dynamic entry (`partitioning.mig[].dynamic`: instances made per claim) is only
-for a command that partitions GPUs per claim (`run-dra`); elsewhere a config with one is
-rejected before anything is touched.
+for a command that partitions GPUs per claim (`run-dra`, and only where the API server has
+partitionable devices); elsewhere a config with one is rejected before anything is touched,
+at the entry, saying why.
 """
 
 from __future__ import annotations
@@ -43,11 +44,12 @@ class MigLayouts:
         tasks: TaskOwner,
         retry: Callable[[], Awaitable[None]],
         retry_s: float,
-        dynamic: bool = False,
+        dynamic: Callable[[], str | None] | None = None,
     ) -> None:
-        """`dynamic`: whether the command serves dynamic entries."""
+        """`dynamic` says, at each apply, why dynamic entries cannot be served now (None: they
+        are); without it they are `run-dra`'s (`run` cannot serve them)."""
         self._reconciler = reconciler
-        self._dynamic = dynamic
+        self._dynamic = dynamic or (lambda: NOT_HERE)
         self._status = status
         self._held_by = held_by
         self._tasks = tasks
@@ -63,7 +65,8 @@ class MigLayouts:
         Raises PlanError (nothing touched) when a declared layout cannot fit its GPU, or when
         the config does not fit the node as the layouts would leave it.
         """
-        if not self._dynamic and (refused := _dynamic_entries(config)):
+        refusal = self._dynamic()
+        if refusal is not None and (refused := _dynamic_entries(config, refusal)):
             raise PlanError(refused)
         checked = plan_node(config, inventory)
         if checked.problems:
@@ -109,16 +112,18 @@ class MigLayouts:
         self._retrying = self._tasks.spawn(retry(), name="mig-retry")
 
 
-def _dynamic_entries(config: Config) -> list[Problem]:
-    """A problem at each dynamic entry, for a command that does not create instances per claim."""
+NOT_HERE = (
+    "dynamic MIG is served by sharing-plugin run-dra only (instances created per claim); the "
+    "device plugin (run) serves fixed layouts: run run-dra on this node, or remove dynamic and "
+    "declare profiles"
+)
+
+
+def _dynamic_entries(config: Config, refusal: str) -> list[Problem]:
+    """`refusal` at each dynamic entry."""
     entries = config.partitioning.mig if config.partitioning is not None else ()
     return [
-        Problem(
-            f"{entry_path(i)}.dynamic",
-            "dynamic MIG is served by sharing-plugin run-dra only (instances created per "
-            "claim); the device plugin (run) serves fixed layouts: run run-dra on this node, "
-            "or remove dynamic and declare profiles",
-        )
+        Problem(f"{entry_path(i)}.dynamic", refusal)
         for i, layout in enumerate(entries)
         if layout.dynamic
     ]

@@ -64,15 +64,15 @@ claims in DRA."""
 class PipelineFeatures:
     """What a command's pipeline does beyond config -> plan: GPU health watching
     (`health_env`: `run`, `run-dra`), carrying out `partitioning.mig` (`mig_held_by`: which MIG
-    devices are held, retried every `mig_retry_s` while a layout waits; `dynamic_mig`: its
-    dynamic entries are served, MIG mode turned on and the instances left to the command;
-    otherwise a config with one is rejected), `run`'s Node status and GFD labels
-    (`node_report`)."""
+    devices are held, retried every `mig_retry_s` while a layout waits; `dynamic_mig`: why
+    dynamic entries cannot be served now, None when they are (MIG mode turned on, the
+    instances left to the command); without it a config with one is rejected naming
+    `run-dra`), `run`'s Node status and GFD labels (`node_report`)."""
 
     health_env: HealthEnv | None = None
     mig_held_by: HeldBy | None = None
     mig_retry_s: float = 2.0
-    dynamic_mig: bool = False
+    dynamic_mig: Callable[[], str | None] | None = None
     node_report: NodeReportOptions | None = None
 
 

@@ -239,10 +239,14 @@ async def test_a_dynamic_gpu_with_mig_off_gets_mig_mode_first(short_dir: Path) -
         assert {s["state"] for s in status.values()} == {"applied"} and len(status) == 2
 
 
-async def test_a_v1beta1_server_refuses_a_dynamic_entry_at_its_line(short_dir: Path) -> None:
+async def test_a_v1beta1_server_refuses_a_dynamic_entry_before_touching_the_gpu(
+    short_dir: Path,
+) -> None:
+    gpus = "simulated:dgx-a100-80gb"  # MIG off: a dynamic entry would turn it on
     async with dra_running(
-        short_dir, dynamic("[3]"), gpus=A100, versions=("v1beta1",), wait_registered=False
+        short_dir, dynamic("[0]"), gpus=gpus, versions=("v1beta1",), wait_registered=False
     ) as run:
+        assert calls(run) == []
         error = run.daemon.status.last_error or ""
         assert error == (
             f"{run.config}:5:7: partitioning.mig[0].dynamic: dynamic MIG needs partitionable "
