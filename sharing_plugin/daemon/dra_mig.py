@@ -74,7 +74,11 @@ class NodePartitioner:
         return made
 
     async def destroy(self, where: PlacementRef) -> None:
-        gpu = self._gpu(where.gpu_uuid)
+        inventory = self._pipeline.inventory
+        gpu = inventory.gpu(where.gpu_uuid) if inventory is not None else None
+        if gpu is None:  # the GPU left the node (and its instances with it)
+            log.warning("not destroying MIG instance %s: the GPU is not on this node", where)
+            return
         async with self._lock(where.gpu_uuid):
             devices = await asyncio.to_thread(self._destroy, gpu, where)
             if devices is not None:
@@ -82,13 +86,6 @@ class NodePartitioner:
 
     def _lock(self, gpu_uuid: str) -> asyncio.Lock:
         return self._locks.setdefault(gpu_uuid, asyncio.Lock())
-
-    def _gpu(self, gpu_uuid: str) -> Gpu:
-        inventory = self._pipeline.inventory
-        gpu = inventory.gpu(gpu_uuid) if inventory is not None else None
-        if gpu is None:
-            raise NvmlError(f"GPU {gpu_uuid} is not on this node")
-        return gpu
 
     async def _changed(self, gpu: Gpu, devices: tuple[MigDevice, ...]) -> None:
         """The GPU has `devices` now: the pipeline plans on that from here on."""
