@@ -367,3 +367,21 @@ class _Watches(logging.Handler):
             while self.count < count:
                 self._changed.clear()
                 await self._changed.wait()
+
+
+async def test_unprepare_succeeds_when_the_claims_gpu_left_the_node(
+    short_dir: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    two = {"product": "NVIDIA A100-SXM4-80GB", "count": 2, "mig": {"enabled": True}}
+    path = node_file(short_dir, {"gpus": [two]})
+    gone = discover(backend_from_spec(f"simulated:{path}")).gpus[1].uuid
+    async with FakeKubeApi() as api:
+        async with dra_running(short_dir, dynamic("all"), gpus=f"simulated:{path}", api=api) as run:
+            await run.published(2 * 25)
+            ref = claim(run, "orphan", placement_name(gone, "7g.80gb", 0))
+            assert (await run.prepare(ref)).error == ""
+        node_file(short_dir, {"gpus": [{**two, "count": 1}]})  # GPU 1 is gone
+        async with dra_running(short_dir, dynamic("all"), gpus=f"simulated:{path}", api=api) as run:
+            assert await run.unprepare(ref) == ""
+            assert run.daemon.preparer is not None and run.daemon.preparer.prepared == {}
+    assert any("the GPU is not on this node" in r.message for r in caplog.records)
