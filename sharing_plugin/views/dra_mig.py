@@ -224,10 +224,6 @@ class DynamicPool:
         found = self._by_name.get(name)
         return found[1] if found is not None else None
 
-    def occupant(self, name: str) -> MigInstance | None:
-        found = self._by_name.get(name)
-        return found[0].occupant(found[1]) if found is not None else None
-
     def healthy(self, name: str) -> bool:
         found = self._by_name.get(name)
         if found is None:
