@@ -58,6 +58,8 @@ BENCHMARKS = (
     Benchmark("bench_fleet.py", (), 60),
     # 50 fresh scrapes, 3 over HTTP a second apart, a 30 s idle window after 16 s; ~75 s.
     Benchmark("bench_usage.py", ("--rounds", "50", "--http-rounds", "3", "--idle-s", "30"), 150),
+    # 200 prepares of a dynamic-MIG claim, then run-dra against the real 1.36 allocator: ~6 s.
+    Benchmark("bench_dra_mig.py", ("--rounds", "200"), 60),
     # 60 s idle window, as issue 17 measures it; ~100 s in all on 2 cores.
     Benchmark("bench_daemon.py", ("--rounds", "50", "--runs", "5", "--idle-s", "60"), 240),
     # Five fresh realdra136 + run-dra starts and 33 allocations: ~5 s.

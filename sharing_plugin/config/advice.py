@@ -178,7 +178,9 @@ def config_warnings(config: Config) -> list[str]:
                     f"sharing.{section}.resources[{j}].replicas: 1 means not shared "
                     "(each device is advertised once)"
                 )
-    if config.partitioning is not None and config.partitioning.mig and flags.mig_strategy == "none":
+    # A dynamic entry's placements are published whatever the strategy (run-dra only).
+    fixed = [m for m in config.partitioning.mig if not m.dynamic] if config.partitioning else []
+    if fixed and flags.mig_strategy == "none":
         warnings.append(
             "partitioning.mig: MIG layouts are declared but flags.migStrategy is none, "
             "so the MIG devices will not be advertised; set migStrategy: single or mixed"

@@ -20,7 +20,10 @@ every device's health on the DRA socket. After every registration the kubelet co
 pool is written again even if unchanged: the kubelet deletes a driver's slices when the driver
 goes away.
 
-`partitioning.mig` is not applied here: MIG devices are served as they are (`run` applies layouts).
+Declared MIG layouts (`partitioning.mig` with `profiles`) are applied as `run` applies them,
+with "held" meaning the GPU and MIG devices prepared claims hold. A dynamic entry's GPUs are
+published as partitionable devices (`views/dra_mig.py`) and their instances made and destroyed
+per claim (`daemon/dra_mig.py`); that needs resource.k8s.io/v1.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from typing import TYPE_CHECKING
 
 from sharing_plugin.config.base import SharedDevices
 from sharing_plugin.daemon.dra_conflicts import check_no_device_plugin
+from sharing_plugin.daemon.dra_mig import NodePartitioner, claim_holders
 from sharing_plugin.daemon.dra_pool import PoolKeeper
 from sharing_plugin.daemon.health_monitor import HealthEnv
 from sharing_plugin.daemon.options import SourceOptions
@@ -49,10 +53,19 @@ from sharing_plugin.dra.resources import discover_version
 from sharing_plugin.dra.server import DraPluginServer
 from sharing_plugin.dra.slices import SlicePublisher
 from sharing_plugin.errors import KubeApiError, StartupError
+from sharing_plugin.mig.desired import Holder
 from sharing_plugin.nvml.api import NvmlApi
+from sharing_plugin.sources.update import Trigger
 from sharing_plugin.views.dra import config_resource_names, dra_devices
-from sharing_plugin.views.dra_api import CONSUMABLE_CAPACITY, DEFAULT_DRIVER, DEVICE_TAINTS, V1
+from sharing_plugin.views.dra_api import (
+    CONSUMABLE_CAPACITY,
+    DEFAULT_DRIVER,
+    DEVICE_TAINTS,
+    PARTITIONABLE_DEVICES,
+    V1,
+)
 from sharing_plugin.views.dra_health import health_taints
+from sharing_plugin.views.dra_mig import DynamicPool, dynamic_pool
 
 if TYPE_CHECKING:
     from lightkube import AsyncClient
@@ -86,6 +99,9 @@ class DraDaemon(ObservedService):
         self._capacity = False
         self._taints = False
         self.health: DeviceHealthServicer | None = None
+        # Why the server cannot take dynamic MIG's counter sets (None: it can; resource.k8s.io/v1
+        # with DRAPartitionableDevices on).
+        self._unpartitionable: str | None = "not connected yet"
         self.preparer: ClaimPreparer | None = None
         self.keeper: PoolKeeper | None = None
         self.server: DraPluginServer | None = None
@@ -95,7 +111,11 @@ class DraDaemon(ObservedService):
             nvml=nvml,
             kube_client=kube_client,
             metrics_address=options.metrics_address,
-            features=PipelineFeatures(health_env=options.health_env),
+            features=PipelineFeatures(
+                health_env=options.health_env,
+                mig_held_by=self._held_by,
+                dynamic_mig=self._dynamic_refused,
+            ),
         )
 
     # --- lifecycle ---------------------------------------------------------------------------
@@ -118,6 +138,12 @@ class DraDaemon(ObservedService):
         # Consumable capacity is resource.k8s.io/v1's (Kubernetes 1.34+); an older server is
         # given one device per replica whatever the config asks.
         self._capacity = version == V1
+        self._unpartitionable = None
+        if version != V1:
+            self._unpartitionable = (
+                "dynamic MIG needs partitionable devices (resource.k8s.io/v1, Kubernetes 1.34+); "
+                f"this API server serves only {version}"
+            )
         if not self._capacity:
             self._by_replica(f"{version} has no consumable capacity")
         await self._probe_taints(version)
@@ -128,7 +154,13 @@ class DraDaemon(ObservedService):
             specs=CdiSpecDir(self.options.cdi_dir),
             checkpoint=Checkpoint(checkpoint_path(source.kubelet_dir, driver)),
             state=lambda: self.keeper.state if self.keeper else None,
-            on_change=lambda: self.keeper.changed() if self.keeper else None,
+            on_change=self._claims_changed,
+            partitioner=NodePartitioner(
+                self.nvml,
+                pipeline=self.pipeline,
+                metrics=self.metrics,
+                on_change=self._node_changed,
+            ),
         )
         self.health = DeviceHealthServicer(pool=node)
         self.keeper = PoolKeeper(
@@ -177,9 +209,6 @@ class DraDaemon(ObservedService):
         checked, self._checked = self._checked, None
         state = checked[1] if checked is not None and checked[0] is applied else None
         state = state or self._pool_state(applied)
-        partitioning = applied.config.partitioning
-        if partitioning is not None and partitioning.mig:
-            log.warning("run-dra does not apply partitioning.mig: MIG devices are served as is")
         assert self.keeper is not None
         if self._capacity:
             self.status.set_dra(shared_devices=applied.config.dra.shared_devices.value)
@@ -213,6 +242,19 @@ class DraDaemon(ObservedService):
                 DEVICE_TAINTS,
             )
             changed = True
+        if PARTITIONABLE_DEVICES in features and self._unpartitionable is None:
+            self._unpartitionable = (
+                "the API server does not keep the partitionable-device fields of "
+                f"ResourceSlices (feature gate {PARTITIONABLE_DEVICES} off?)"
+            )
+            # Placements without their counters would let the scheduler allocate overlapping
+            # instances, which NVML would then refuse at prepare: none are published.
+            log.error(
+                "%s: the GPUs of dynamic MIG entries are not published; remove dynamic and "
+                "declare profiles",
+                self._unpartitionable,
+            )
+            changed = True
         if not changed:
             return
         applied = self.pipeline.applied
@@ -226,11 +268,20 @@ class DraDaemon(ObservedService):
     def _pool_state(self, applied: Applied) -> PoolState:
         plan = self.pipeline.healthy_plan(applied)
         shared = applied.config.dra.shared_devices if self._capacity else SharedDevices.REPLICAS
-        devices = {d.name: d for d in dra_devices(plan, applied.inventory, shared=shared)}
+        mig = self._dynamic(applied)
+        devices = {
+            d.name: d
+            for d in dra_devices(plan, applied.inventory, shared=shared)
+            if d.gpu_uuid not in mig.gpu_uuids  # a dynamic GPU is its placements only
+        }
+        if self._unpartitionable is not None:
+            mig = DynamicPool()  # their GPUs are published as nothing else either
         taints = None
         if self._taints:
             taints = health_taints(self.pipeline.faults, self.options.driver_name)
-        return PoolState(devices=devices, plan=plan, flags=applied.config.flags, taints=taints)
+        return PoolState(
+            devices=devices, plan=plan, flags=applied.config.flags, taints=taints, mig=mig
+        )
 
     async def _refuse_beside_a_device_plugin(self) -> None:
         """StartupError where a device plugin serves this node's resource names."""
@@ -266,3 +317,44 @@ class DraDaemon(ObservedService):
                 "leave the pool instead of staying in it tainted",
                 version,
             )
+
+    # --- dynamic MIG and declared layouts ------------------------------------------------------
+
+    def _dynamic(self, applied: Applied) -> DynamicPool:
+        """The config's dynamic GPUs as they are now (instances made since the last update
+        included), with the GPU and MIG devices that are unhealthy."""
+        node = self.pipeline.inventory or applied.inventory
+        unhealthy: set[str] = {g.uuid for g in node.gpus if not g.healthy_at_discovery}
+        if self.options.health_env.settings(applied.config.health).enabled:
+            unhealthy |= {uuid for uuid, ok in self.pipeline.health.items() if not ok}
+        return dynamic_pool(applied.config, node, unhealthy=unhealthy)
+
+    def _claims_changed(self) -> None:
+        """Claims were prepared or unprepared: the pool keeps what they hold, and a declared
+        layout that waited for a claim to let go of an instance is tried again now."""
+        if self.keeper is not None:
+            self.keeper.changed()
+        if self.pipeline.mig_pending:
+            try:
+                self._tasks.spawn(self.pipeline.reapply(Trigger.MIG_RETRY), name="mig-claims")
+            except RuntimeError:  # stopping: nothing is retried any more
+                log.debug("not retrying the pending MIG layout: stopping")
+
+    def _node_changed(self) -> None:
+        """An instance was made or destroyed for a claim (under the pipeline's lock)."""
+        applied = self.pipeline.applied
+        if applied is not None and self.keeper is not None:
+            self.keeper.set_state(self._pool_state(applied))
+
+    def _dynamic_refused(self) -> str | None:
+        """Why dynamic entries cannot be served (None: they can): partitionable devices are
+        resource.k8s.io/v1's, and the server must keep their fields."""
+        if self._unpartitionable is None:
+            return None
+        return f"{self._unpartitionable}: remove dynamic and declare profiles"
+
+    async def _held_by(self) -> dict[str, Holder]:
+        """What prepared claims hold, for the declared layouts: never destroyed under them."""
+        if self.preparer is None:
+            return {}
+        return claim_holders(self.preparer.prepared, self.pipeline.inventory)

@@ -5,9 +5,11 @@ applied), and the devices prepared claims hold. Whatever changes one of them mar
 dirty; one task writes the newest pool, so a burst of reloads or health events is one write and
 two writers never race. A failed write is retried with backoff (0.2 s doubling to 10 s by
 default). Held devices the plan dropped stay published until their claim is unprepared (the
-draining rule, `views.dra.pool_devices`). `registered()` asks for a forced publish, which checks
-the API and rewrites what the kubelet deleted. The kubelet also hears each device's health from
-here (given a health service): the same inputs, at every change, whether or not the API answers.
+draining rule, `views.dra.pool_devices`), and so do the counter sets they consume from. Dynamic
+MIG placements and their counter sets come from the state's `mig` (`views.dra_mig`).
+`registered()` asks for a forced publish, which checks the API and rewrites what the kubelet
+deleted. The kubelet also hears each device's health from here (given a health service): the
+same inputs, at every change, whether or not the API answers.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from sharing_plugin.errors import KubeApiError
 from sharing_plugin.gpus.health_tracker import Fault
 from sharing_plugin.observability.status import StatusBoard
 from sharing_plugin.views.dra import pool_devices
-from sharing_plugin.views.dra_api import PublishedDevice
+from sharing_plugin.views.dra_api import CounterSet, PublishedDevice
 from sharing_plugin.views.dra_health import device_health
 
 log = logging.getLogger(__name__)
@@ -60,6 +62,7 @@ class PoolKeeper:
         self._dirty = asyncio.Event()
         self._force = False
         self._published = asyncio.Condition()
+        self._counter_sets: dict[str, CounterSet] = {}  # last published, by name
 
     def set_state(self, state: PoolState) -> None:
         """The node serves `state` now."""
@@ -81,11 +84,28 @@ class PoolKeeper:
     def pool(self) -> tuple[PublishedDevice, ...]:
         """What the pool should hold now: the plan's healthy devices (and its Unhealthy ones,
         tainted, where the server keeps taints) and the draining ones."""
+        return self._pool()[1]
+
+    def _pool(self) -> tuple[tuple[CounterSet, ...], tuple[PublishedDevice, ...]]:
+        """The counter sets and the devices of the pool now."""
         held = self._held()
-        if self.state is None:
-            return pool_devices((), held=held.keys(), kept=held)
-        devices = tuple(self.state.devices.values())
-        return pool_devices(devices, held=held.keys(), kept=held, taints=self.state.taints)
+        state = self.state
+        if state is None:
+            return (), pool_devices((), held=held.keys(), kept=held)
+        counters, placements = state.mig.published(held=held.keys(), taints=state.taints)
+        dynamic = {d.name for d in placements}
+        devices = tuple(state.devices.values())
+        published = (
+            pool_devices(devices, held=held.keys() - dynamic, kept=held, taints=state.taints)
+            + placements
+        )
+        sets = {c.name: c for c in counters}
+        for device in published:  # a held device keeps the counter set it consumes from
+            for name in device.consumes:
+                if name not in sets and name in self._counter_sets:
+                    sets[name] = self._counter_sets[name]
+        self._counter_sets = sets
+        return tuple(sets.values()), published
 
     async def run(self) -> None:
         """Publish every change until cancelled."""
@@ -96,7 +116,8 @@ class PoolKeeper:
             self._dirty.clear()
             force, self._force = self._force, False
             try:
-                await self.publisher.publish(self.pool(), force=force)
+                counters, devices = self._pool()
+                await self.publisher.publish(devices, counter_sets=counters, force=force)
             except KubeApiError as exc:
                 log.warning("publishing ResourceSlices: %s; retrying in %.1f s", exc, delay)
                 self._force = self._force or force
@@ -147,6 +168,9 @@ class PoolKeeper:
             served = self.state.devices.get(device.name)
             if served is not None:
                 counts[resource] = (total + 1, healthy + served.healthy, draining)
+            elif self.state.mig.placement(device.name) is not None:
+                healthy += self.state.mig.healthy(device.name)
+                counts[resource] = (total + 1, healthy, draining)
             else:
                 counts[resource] = (total + 1, healthy, [*draining, device.name])
         for name in set(self._status.resources) - set(counts):

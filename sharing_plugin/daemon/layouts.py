@@ -6,7 +6,10 @@ with what pods (or, in DRA mode, prepared claims) hold. A layout that must wait 
 release an instance is pending: it is retried every `retry_s` seconds, through the pipeline's
 own update path, until
 it is applied or a new config replaces it. Each GPU's state is kept here as a value and shown
-in /status.
+in /status. A dynamic entry (`partitioning.mig[].dynamic`: instances made per claim) is only
+for a command that partitions GPUs per claim (`run-dra`, and only where the API server has
+partitionable devices); elsewhere a config with one is rejected before anything is touched,
+at the entry, saying why.
 """
 
 from __future__ import annotations
@@ -18,9 +21,10 @@ from collections.abc import Awaitable, Callable, Mapping
 from sharing_plugin.config.model import Config
 from sharing_plugin.daemon.mig import MigReconciler
 from sharing_plugin.daemon.tasks import TaskOwner
-from sharing_plugin.errors import PlanError
+from sharing_plugin.errors import PlanError, Problem
 from sharing_plugin.gpus.inventory import Inventory
 from sharing_plugin.mig.desired import Holder
+from sharing_plugin.mig.select import entry_path
 from sharing_plugin.mig.state import GpuMigState, MigState
 from sharing_plugin.observability.status import StatusBoard
 from sharing_plugin.plan.node import plan_node
@@ -40,8 +44,12 @@ class MigLayouts:
         tasks: TaskOwner,
         retry: Callable[[], Awaitable[None]],
         retry_s: float,
+        dynamic: Callable[[], str | None] | None = None,
     ) -> None:
+        """`dynamic` says, at each apply, why dynamic entries cannot be served now (None: they
+        are); without it they are `run-dra`'s (`run` cannot serve them)."""
         self._reconciler = reconciler
+        self._dynamic = dynamic or (lambda: NOT_HERE)
         self._status = status
         self._held_by = held_by
         self._tasks = tasks
@@ -57,6 +65,9 @@ class MigLayouts:
         Raises PlanError (nothing touched) when a declared layout cannot fit its GPU, or when
         the config does not fit the node as the layouts would leave it.
         """
+        refusal = self._dynamic()
+        if refusal is not None and (refused := _dynamic_entries(config, refusal)):
+            raise PlanError(refused)
         checked = plan_node(config, inventory)
         if checked.problems:
             raise PlanError(checked.problems)
@@ -80,6 +91,11 @@ class MigLayouts:
         self._status.set_mig_states(self._states)
 
     @property
+    def pending(self) -> bool:
+        """Whether a layout waits (for a pod, a claim or a GPU reset) and is being retried."""
+        return self._pending
+
+    @property
     def states(self) -> Mapping[str, GpuMigState]:
         """Every selected GPU's layout state after the last apply."""
         return self._states
@@ -94,3 +110,20 @@ class MigLayouts:
                 await self._retry()
 
         self._retrying = self._tasks.spawn(retry(), name="mig-retry")
+
+
+NOT_HERE = (
+    "dynamic MIG is served by sharing-plugin run-dra only (instances created per claim); the "
+    "device plugin (run) serves fixed layouts: run run-dra on this node, or remove dynamic and "
+    "declare profiles"
+)
+
+
+def _dynamic_entries(config: Config, refusal: str) -> list[Problem]:
+    """`refusal` at each dynamic entry."""
+    entries = config.partitioning.mig if config.partitioning is not None else ()
+    return [
+        Problem(f"{entry_path(i)}.dynamic", refusal)
+        for i, layout in enumerate(entries)
+        if layout.dynamic
+    ]

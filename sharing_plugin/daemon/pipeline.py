@@ -66,12 +66,15 @@ claims in DRA."""
 class PipelineFeatures:
     """What a command's pipeline does beyond config -> plan: GPU health watching
     (`health_env`: `run`, `run-dra`), carrying out `partitioning.mig` (`mig_held_by`: which MIG
-    devices are held, retried every `mig_retry_s` while a layout waits), `run`'s Node status
-    and GFD labels (`node_report`)."""
+    devices are held, retried every `mig_retry_s` while a layout waits; `dynamic_mig`: why
+    dynamic entries cannot be served now, None when they are (MIG mode turned on, the
+    instances left to the command); without it a config with one is rejected naming
+    `run-dra`), `run`'s Node status and GFD labels (`node_report`)."""
 
     health_env: HealthEnv | None = None
     mig_held_by: HeldBy | None = None
     mig_retry_s: float = 2.0
+    dynamic_mig: Callable[[], str | None] | None = None
     node_report: NodeReportOptions | None = None
 
 
@@ -118,6 +121,7 @@ class NodePipeline:
         self._node_report = features.node_report
         self._mig_held_by = features.mig_held_by
         self._mig_retry_s = features.mig_retry_s
+        self._dynamic_mig = features.dynamic_mig
         self.lock = asyncio.Lock()
         self.source: ConfigFeed | None = None
         self._discovery = GpuDiscovery(
@@ -167,6 +171,7 @@ class NodePipeline:
                 # config's layout would never be finished.
                 retry=lambda: self.reapply(Trigger.MIG_RETRY),
                 retry_s=self._mig_retry_s,
+                dynamic=self._dynamic_mig,
             )
         if self._health_env is not None:
             if described := self._health_env.describe():
@@ -218,6 +223,17 @@ class NodePipeline:
     def applied(self) -> Applied | None:
         """The last `Applied`, the one being served."""
         return self._applied
+
+    @property
+    def mig_pending(self) -> bool:
+        """Whether a declared MIG layout waits for something to be released."""
+        return self._layouts is not None and self._layouts.pending
+
+    @property
+    def inventory(self) -> Inventory | None:
+        """The node's GPUs as they are now (None before the first discovery): the last
+        `Applied`'s, or newer where instances were made or destroyed since."""
+        return self._discovery.inventory
 
     @property
     def health(self) -> Mapping[str, bool]:
@@ -375,10 +391,16 @@ class NodePipeline:
         inventory, changed = await self._layouts.apply(config, inventory)
         self.reports.node.mig(self._layouts.states, inventory)
         if changed:
-            self._discovery.inventory = inventory
-            if self._health_monitor is not None:
-                self._health_monitor.update_inventory(inventory)
+            self.node_changed(inventory)
         return inventory
+
+    def node_changed(self, inventory: Inventory) -> None:
+        """The GPUs are now as `inventory` says (a MIG layout applied, or an instance made or
+        destroyed for a DRA claim): later updates plan on it, and health events on new MIG
+        devices are attributed to them."""
+        self._discovery.inventory = inventory
+        if self._health_monitor is not None:
+            self._health_monitor.update_inventory(inventory)
 
     async def _apply(self, applied: Applied) -> None:
         new = self._applied is None or applied.generation != self._applied.generation

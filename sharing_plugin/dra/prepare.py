@@ -7,6 +7,9 @@ pool, a device this node no longer has, a request Allocate would refuse) becomes
 error in the answer, which the kubelet shows on the pod and retries; the other claims of the
 call are prepared regardless.
 
+A claim allocated a dynamic MIG placement gets its MIG instance made first
+(`dra/partitions.py`); if anything after that fails, the instance is destroyed again.
+
 Idempotence: a claim already prepared is answered from the checkpoint without reading the API
 again (the kubelet repeats calls after restarts of either side), and unpreparing a claim that is
 not prepared succeeds. Calls are serialised, so the checkpoint on disk always matches what was
@@ -18,24 +21,27 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from sharing_plugin.config.model import Flags
 from sharing_plugin.dra.cdi import CdiSpecDir
 from sharing_plugin.dra.checkpoint import Checkpoint, PreparedClaim, PreparedDevice
 from sharing_plugin.dra.claims import ClaimReader, ClaimRef
-from sharing_plugin.errors import AllocationError, KubeApiError
+from sharing_plugin.dra.partitions import ClaimInstances, Partitioner
+from sharing_plugin.errors import AllocationError, KubeApiError, NvmlError
 from sharing_plugin.plan.model import Plan
 from sharing_plugin.views.cdi import cdi_id, claim_spec, spec_file_name
 from sharing_plugin.views.dra import DraDevice
 from sharing_plugin.views.dra_api import DeviceTaint, PublishedDevice, quantity_mib
+from sharing_plugin.views.dra_mig import DynamicPool
 
 log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
 class PoolState:
-    """What the node serves now: its DRA devices by name (healthy or not), plan and flags.
+    """What the node serves now: its DRA devices by name (healthy or not), plan and flags, and
+    its dynamic MIG GPUs (their placement devices are in `mig`, not in `devices`).
 
     `taints` (GPU or MIG UUID -> taint) is set where the server keeps device taints: Unhealthy
     devices are published tainted, and a claim allocated one (it tolerates the taint, or was
@@ -47,6 +53,7 @@ class PoolState:
     plan: Plan
     flags: Flags
     taints: Mapping[str, DeviceTaint] | None = None
+    mig: DynamicPool = field(default_factory=DynamicPool)
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,9 +77,11 @@ class ClaimPreparer:
         checkpoint: Checkpoint,
         state: Callable[[], PoolState | None],
         on_change: Callable[[], None] = lambda: None,
+        partitioner: Partitioner | None = None,
     ) -> None:
         """`state` tells what the node serves now (None before a first config); `on_change` is
-        called after the set of prepared claims changed (what the pool must keep publishing)."""
+        called after the set of prepared claims changed (what the pool must keep publishing);
+        `partitioner` makes and destroys the instances of dynamic MIG placements."""
         self.driver = driver
         self.pool = pool
         self._claims = claims
@@ -82,6 +91,7 @@ class ClaimPreparer:
         self._on_change = on_change
         self._prepared = checkpoint.load()
         self._lock = asyncio.Lock()
+        self._instances = ClaimInstances(partitioner)
 
     @property
     def prepared(self) -> Mapping[str, PreparedClaim]:
@@ -118,8 +128,11 @@ class ClaimPreparer:
             before = len(self._prepared)
             for ref in refs:
                 try:
-                    self._unprepare(ref)
+                    await self._unprepare(ref)
                     results[ref.uid] = ""
+                except NvmlError as exc:
+                    log.warning("cannot unprepare ResourceClaim %s (%s): %s", ref, ref.uid, exc)
+                    results[ref.uid] = f"destroying the MIG instance of {ref}: {exc}"
                 except OSError as exc:
                     log.warning("cannot unprepare ResourceClaim %s (%s): %s", ref, ref.uid, exc)
                     results[ref.uid] = f"removing the CDI spec of {ref}: {exc}"
@@ -132,8 +145,10 @@ class ClaimPreparer:
             self._on_change()
         return results
 
-    def _unprepare(self, ref: ClaimRef) -> None:
+    async def _unprepare(self, ref: ClaimRef) -> None:
         known = self._prepared.get(ref.uid)
+        if known is not None:
+            await self._instances.release(known.published, str(ref))
         self._specs.remove(known.spec_file if known else spec_file_name(self.driver, ref.uid))
         if known is not None:
             del self._prepared[ref.uid]
@@ -176,7 +191,28 @@ class ClaimPreparer:
             memory = quantity_mib(result.consumed.get("memory", ""))
             if memory is not None:
                 consumed[result.device] = consumed.get(result.device, 0) + memory
-        devices = [self._device(state, name, ref) for name in dict.fromkeys(n for n, _ in shares)]
+        names = list(dict.fromkeys(n for n, _ in shares))
+        made = await self._instances.make(state.mig, names, str(ref))
+        try:
+            return self._record(
+                ref, state, shares, consumed, {n: m.device for n, m in made.items()}
+            )
+        except BaseException:
+            await self._instances.undo(made)
+            raise
+
+    def _record(
+        self,
+        ref: ClaimRef,
+        state: PoolState,
+        shares: Mapping[tuple[str, str | None], list[str]],
+        consumed: Mapping[str, int],
+        made: Mapping[str, DraDevice],
+    ) -> tuple[PreparedDevice, ...]:
+        """The claim's CDI spec written and the claim recorded; `made` holds the devices of
+        its dynamic MIG placements, whose instances exist now."""
+        names = dict.fromkeys(n for n, _ in shares)
+        devices = [made.get(name) or self._device(state, name, ref) for name in names]
         spec = claim_spec(
             driver=self.driver,
             claim_uid=ref.uid,
@@ -200,10 +236,14 @@ class ClaimPreparer:
                 for (name, share_id), requests in shares.items()
             ),
             spec_file=file_name,
-            published=tuple(d.published() for d in devices),
+            published=tuple(_published(state, d) for d in devices),
         )
         self._prepared[ref.uid] = prepared
-        self._checkpoint.save(self._prepared)
+        try:
+            self._checkpoint.save(self._prepared)
+        except BaseException:
+            del self._prepared[ref.uid]
+            raise
         log.info(
             "prepared ResourceClaim %s (%s): %s",
             ref,
@@ -232,3 +272,9 @@ class ClaimPreparer:
                 device.device.physical,
             )
         return device
+
+
+def _published(state: PoolState, device: DraDevice) -> PublishedDevice:
+    """What the pool published for a device a claim now holds (a placement as a placement)."""
+    placement = state.mig.placement(device.name)
+    return placement.published() if placement is not None else device.published()

@@ -21,7 +21,12 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from sharing_plugin.dra.resources import api_error, generic, resource_class, status_of
-from sharing_plugin.views.dra_api import PublishedDevice, dropped_features, resource_slices
+from sharing_plugin.views.dra_api import (
+    CounterSet,
+    PublishedDevice,
+    dropped_features,
+    resource_slices,
+)
 
 if TYPE_CHECKING:
     from lightkube import AsyncClient
@@ -45,6 +50,7 @@ class SlicePublisher:
         self.generation = 0
         self._names: set[str] = set()  # slices of ours that exist (as far as we know)
         self._last: tuple[PublishedDevice, ...] | None = None
+        self._last_counters: tuple[CounterSet, ...] = ()
         self._owner: list[dict[str, Any]] | None = None
         self._started = False
         self.dropped: frozenset[str] = frozenset()
@@ -73,16 +79,30 @@ class SlicePublisher:
         """The devices of the last successful publish (None before the first)."""
         return self._last
 
-    async def publish(self, devices: Sequence[PublishedDevice], *, force: bool = False) -> bool:
-        """Make the pool hold `devices`; whether anything was written."""
+    @property
+    def published_counters(self) -> tuple[CounterSet, ...]:
+        """The counter sets of the last successful publish."""
+        return self._last_counters
+
+    async def publish(
+        self,
+        devices: Sequence[PublishedDevice],
+        *,
+        counter_sets: Sequence[CounterSet] = (),
+        force: bool = False,
+    ) -> bool:
+        """Make the pool hold `devices` and the `counter_sets` they consume from; whether
+        anything was written."""
         if not self._started:
             await self.start()
-        wanted = tuple(devices)
-        if wanted == self._last and (not force or await self._intact()):
+        wanted, counters = tuple(devices), tuple(counter_sets)
+        unchanged = wanted == self._last and counters == self._last_counters
+        if unchanged and (not force or await self._intact()):
             return False
         generation = self.generation + 1
         documents = resource_slices(
             wanted,
+            counter_sets=counters,
             node_name=self.node_name,
             driver=self.driver,
             generation=generation,
@@ -104,6 +124,7 @@ class SlicePublisher:
             await self._delete(name)
         self._names = names
         self._last = wanted
+        self._last_counters = counters
         log.info(
             "published %d device(s) of driver %s in %d ResourceSlice(s), pool %s generation %d",
             len(wanted),
@@ -127,6 +148,7 @@ class SlicePublisher:
             await self._delete(document["metadata"]["name"])
         self._names = set()
         self._last = None
+        self._last_counters = ()
 
     async def _ours(self) -> list[dict[str, Any]]:
         fields: dict[str, Any] = {"spec.nodeName": self.node_name, "spec.driver": self.driver}

@@ -10,6 +10,7 @@ every process on the GPU, so it is the admin's call, never ours).
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from types import MappingProxyType
@@ -58,6 +59,7 @@ class GpuMigAction:
     plan: MigPlan | None = None
     pending: str | None = None
     error: str | None = None
+    dynamic: bool = False  # instances are created and destroyed per claim (run-dra)
 
     @property
     def changes(self) -> bool:
@@ -79,6 +81,8 @@ class GpuMigAction:
     def desired_layout(self) -> list[str]:
         if not self.enabled:
             return []
+        if self.dynamic:
+            return ["dynamic"]
         if self.plan is not None:
             return [f"{c.profile}@{c.placement.start}" for c in self.plan.layout]
         return [name for name, count in self.desired for _ in range(count)]
@@ -96,7 +100,7 @@ class GpuMigAction:
 
     def to_json(self) -> dict[str, Any]:
         """One entry of the `plan` command's `mig` list."""
-        return {
+        data: dict[str, Any] = {
             "gpu": self.gpu.uuid,
             "index": self.gpu.index,
             "product": self.gpu.product,
@@ -109,6 +113,9 @@ class GpuMigAction:
             "reason": self.pending,
             "error": self.error,
         }
+        if self.dynamic:
+            data["dynamic"] = True
+        return data
 
     def lines(self) -> list[str]:
         """The table form: a heading per GPU, then its actions indented."""
@@ -161,7 +168,11 @@ def _holders(gpu: Gpu, held: Mapping[str, Holder]) -> dict[str, tuple[str, Holde
 
 
 def _waiting(names: list[tuple[str, Holder]], what: str) -> str:
-    parts = [f"waiting for pod {ns}/{pod} to release {uuid}" for uuid, (ns, pod, _) in names]
+    # PodResources names a pod's container; DRA holders are ResourceClaims (no container).
+    parts = [
+        f"waiting for {'pod' if container else 'ResourceClaim'} {ns}/{pod} to release {uuid}"
+        for uuid, (ns, pod, container) in names
+    ]
     return "; ".join(parts) + what
 
 
@@ -199,6 +210,8 @@ def _action(selected: SelectedLayout, held: Mapping[str, Holder]) -> GpuMigActio
             pending=f"{RESET_NEEDED} (MIG mode is set to turn "
             f"{'on' if layout.enabled else 'off'} at the next reset)"
         )
+    if layout.dynamic:
+        return _dynamic(base, holders)
     if not layout.enabled:
         # The driver refuses to leave MIG mode while GPU instances exist: all of them go first.
         busy = [holders[i.id] for i in base.current if i.id in holders]
@@ -217,6 +230,24 @@ def _action(selected: SelectedLayout, held: Mapping[str, Holder]) -> GpuMigActio
     except MigError as exc:
         return with_(error=str(exc))
     return with_(plan=plan, mode=None if gpu.mig_pending else "enable")
+
+
+def _dynamic(base: GpuMigAction, holders: Mapping[str, tuple[str, Holder]]) -> GpuMigAction:
+    """A dynamic GPU: MIG mode on, and its instances are the claims' (created when a claim is
+    prepared, destroyed when it is unprepared), so nothing is created or destroyed here."""
+    gpu = base.gpu
+    counts = Counter(i.profile for i in base.current)
+    dynamic = replace(base, dynamic=True, desired=tuple(sorted(counts.items())))
+    if not gpu.mig_enabled and gpu.uuid in holders:
+        return replace(
+            dynamic,
+            pending=_waiting([holders[gpu.uuid]], " before MIG mode can be turned on"),
+        )
+    return replace(
+        dynamic,
+        plan=MigPlan(keep=base.current, destroy=(), create=()),
+        mode=None if gpu.mig_pending else "enable",
+    )
 
 
 def _unknown_holders(action: GpuMigAction, *, known: bool) -> GpuMigAction:

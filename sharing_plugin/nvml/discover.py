@@ -26,7 +26,7 @@ from sharing_plugin.gpus.inventory import (
     Topology,
 )
 from sharing_plugin.nvml.api import DeviceHandle, GpuInstanceProfileInfo, NvmlApi
-from sharing_plugin.nvml.calls import is_code, nvml_errors, text
+from sharing_plugin.nvml.calls import is_code, nvml_errors, nvml_session, text
 
 log = logging.getLogger(__name__)
 
@@ -194,6 +194,19 @@ def profile_name(product: str, index: int, info: GpuInstanceProfileInfo) -> str:
         return spec.name
     name = text(info.name).removeprefix("MIG ").strip()
     return name or f"{int(info.sliceCount)}g.{round(int(info.memorySizeMB) / 1024)}gb"
+
+
+def read_mig_devices(
+    nvml: NvmlApi, gpu_uuid: str, *, parent_index: int, product: str
+) -> tuple[MigDevice, ...]:
+    """One GPU's MIG devices as they are now, in a session of its own: what a change made to
+    one GPU left there, without reading the whole node again."""
+    with nvml_session(nvml):
+        with nvml_errors(nvml, f"GPU {gpu_uuid}: getting its handle"):
+            handle = nvml.nvmlDeviceGetHandleByUUID(gpu_uuid)
+        return _mig_devices(
+            nvml, handle, parent_uuid=GpuUuid(gpu_uuid), parent_index=parent_index, product=product
+        )
 
 
 def _mig_devices(

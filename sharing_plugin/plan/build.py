@@ -54,6 +54,15 @@ def _mig_resource_name(config: Config, profile: str) -> str:
         return named
     if config.flags.mig_strategy is MigStrategy.SINGLE:
         return DEFAULT_GPU_RESOURCE
+    return profile_resource_name(config, profile)
+
+
+def profile_resource_name(config: Config, profile: str) -> str:
+    """The resource a MIG device of `profile` is advertised under on its own (the mixed
+    strategy's name, or the first `resources.mig` pattern that matches it)."""
+    named = _first_match(config.resources.mig, profile)
+    if named is not None:
+        return named
     # Resource names allow no `+`: the reference advertises 1g.10gb+me as mig-1g.10gb.me.
     return "nvidia.com/mig-" + profile.replace("+", ".")
 
@@ -72,7 +81,8 @@ def _gpu_device(gpu: Gpu) -> VirtualDevice:
     )
 
 
-def _mig_device(gpu: Gpu, mig: MigDevice) -> VirtualDevice:
+def mig_virtual_device(gpu: Gpu, mig: MigDevice) -> VirtualDevice:
+    """A MIG device as the plan advertises it (and as a DRA claim is given it)."""
     return VirtualDevice(
         id=DeviceId(mig.uuid),
         physical=mig.uuid,
@@ -122,7 +132,7 @@ def _advertised(config: Config, inventory: Inventory) -> _Advertised:
                     problems.append(Problem(MIG_STRATEGY_PATH, message))
             for mig in sorted(gpu.mig_devices, key=lambda m: m.index):
                 name = _mig_resource_name(config, mig.profile)
-                base.setdefault(name, []).append(_mig_device(gpu, mig))
+                base.setdefault(name, []).append(mig_virtual_device(gpu, mig))
         else:
             whole_gpus.append(gpu)
             name = _first_match(config.resources.gpus, gpu.product) or DEFAULT_GPU_RESOURCE

@@ -55,6 +55,7 @@ from sharing_plugin.views.dra_api import (
     memory_quantity,
     resource_slices,
 )
+from sharing_plugin.views.dra_mig import dynamic_pool, placement_resources
 
 
 def device_name(device: VirtualDevice) -> str:
@@ -274,17 +275,29 @@ def dra_documents(
     generation: int = 1,
 ) -> list[dict[str, Any]]:
     """What `run-dra` publishes for this node: one DeviceClass per resource name (those of the
-    plan and those the config names), then the node's ResourceSlices. Healthy devices only,
-    as the pool carries them."""
-    devices = dra_devices(
-        node_plan.plan,
-        node_plan.inventory,
-        shared=config.dra.shared_devices if api_version == V1 else SharedDevices.REPLICAS,
+    plan, those the config names and those of dynamic MIG placements), then the node's
+    ResourceSlices. Healthy devices only, as the pool carries them; a dynamic GPU's placements
+    and counter set as the node is now (before any claim)."""
+    mig = dynamic_pool(config, node_plan.inventory)
+    devices = [
+        d
+        for d in dra_devices(
+            node_plan.plan,
+            node_plan.inventory,
+            shared=config.dra.shared_devices if api_version == V1 else SharedDevices.REPLICAS,
+        )
+        if d.gpu_uuid not in mig.gpu_uuids
+    ]
+    counter_sets, placements = mig.published()
+    names = sorted(
+        {r.name for r in node_plan.plan.resources}
+        | config_resource_names(config)
+        | placement_resources(mig)
     )
-    names = sorted({r.name for r in node_plan.plan.resources} | config_resource_names(config))
     classes = [device_class(n, driver_name, api_version=api_version) for n in names]
     slices = resource_slices(
-        pool_devices(devices),
+        pool_devices(devices) + placements,
+        counter_sets=counter_sets,
         node_name=node_name,
         driver=driver_name,
         generation=generation,

@@ -146,14 +146,17 @@ async def dra_running(
     wait_registered: bool = True,
     kubelet_wipes: bool = True,
     permissions: Permissions | None = None,
+    nvml: Any = None,
     **options: Any,
 ) -> AsyncIterator[DraRun]:
     """The fake API (serving `versions`), a DRA kubelet simulator and the DRA daemon.
 
-    With `permissions`, the daemon's credentials may do only that (the fake's RBAC)."""
+    With `permissions`, the daemon's credentials may do only that (the fake's RBAC); with
+    `nvml`, the daemon uses that NVML (a simulated node kept from an earlier run: a restart
+    finds the MIG instances the GPUs kept)."""
     config = root / "config.yaml"
     config.write_text(config_text, encoding="utf-8")
-    nvml = backend_from_spec(gpus)
+    nvml = nvml if nvml is not None else backend_from_spec(gpus)
     async with _api(api, permissions) as server:
         server.dra_versions = versions
         server.put_node(NODE)

@@ -15,7 +15,8 @@ EXAMPLES = sorted((ROOT / "config" / "examples").glob("*.yaml"))
 # (example, preset) pairs that must not fit: the example names GPUs the node lacks, or MIG
 # layouts its GPUs cannot take (mig-partitioning.yaml is written for eight 80GB A100/H100).
 MISFITS = {("per-gpu-replicas.yaml", "workstation")} | {
-    ("mig-partitioning.yaml", preset)
+    (example, preset)
+    for example in ("mig-partitioning.yaml", "dynamic-mig.yaml")
     for preset in ("a100-mig-mixed", "hgx-h200", "t4x4", "workstation")
 }
 

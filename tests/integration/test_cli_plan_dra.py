@@ -51,7 +51,11 @@ def bad_names(document: dict[str, Any]) -> list[str]:
             value = spec[where] if where == "nodeName" else spec["pool"]["name"]
             if not subdomain(value):
                 bad.append(f"{where} {value!r}")
-        for device in spec["devices"]:
+        for counter_set in spec.get("sharedCounters") or ():  # dynamic MIG's own slices
+            for name in (counter_set["name"], *counter_set["counters"]):
+                if not label(name):
+                    bad.append(f"counter set or counter {name!r}")
+        for device in spec.get("devices") or ():
             if not label(device["name"]):
                 bad.append(f"device {device['name']!r}")
             for key in (*device["attributes"], *device["capacity"]):

@@ -478,3 +478,31 @@ async def test_a_config_whose_sharing_does_not_fit_touches_no_mig_instance(
         assert run.daemon.status.to_json()["lastError"] is None
         assert len(calls(run)) == 7 * 2 + 2 * 2
         await wait_capacity(run, {"nvidia.com/gpu": 7, "nvidia.com/mig-3g.71gb": 3})
+
+
+DYNAMIC = layout(
+    "    - devices: [4]\n      profiles: {7g.40gb: 1}\n    - devices: [5]\n      dynamic: true\n"
+)
+
+
+async def test_run_refuses_a_dynamic_entry_naming_run_dra_and_touches_nothing(
+    short_dir: Path,
+) -> None:
+    """`run` cannot make an instance per claim: the edit is rejected at the entry's line,
+    before anything is touched (GPU 5's MIG mode stays off, GPU 4 keeps its instances)."""
+    start = layout("    - devices: [3]\n      profiles: {7g.80gb: 1}\n")
+    async with running(short_dir, start, gpus=A100) as run:
+        assert calls(run) == created(3, "7g.80gb", 0)
+        before = capacity(run)
+        with run.daemon.pipeline.outcomes() as outcomes:
+            run.write(DYNAMIC)
+            rejected = await outcomes.rejected()
+        assert [str(p) for p in rejected.problems] == [
+            f"{run.config}:9:7: partitioning.mig[1].dynamic: dynamic MIG is served by "
+            "sharing-plugin run-dra only (instances created per claim); the device plugin "
+            "(run) serves fixed layouts: run run-dra on this node, or remove dynamic and "
+            "declare profiles"
+        ]
+        assert run.daemon.status.to_json()["lastError"] == str(rejected.problems[0])
+        assert calls(run) == []
+        assert capacity(run) == before

@@ -105,3 +105,29 @@ def test_mig_mode_cannot_be_turned_off_under_existing_instances() -> None:
     with pytest.raises(NvmlError, match="turning MIG mode off: NVML_ERROR_IN_USE"):
         set_mig_mode(sim, sim.gpus[0].uuid, enabled=False)
     assert set_mig_mode(sim, sim.gpus[3].uuid, enabled=False).current is False
+
+
+def test_the_simulator_answers_as_nvml_h_documents() -> None:
+    """Where nvml.h says what a call returns and the simulator once said otherwise."""
+    sim = SimulatedNvml.from_preset("dgx-h100")  # MIG off
+    sim.nvmlInit()
+    try:
+        handle = sim.nvmlDeviceGetHandleByIndex(0)
+        # "Returns zero if MIG is not supported or enabled."
+        assert sim.nvmlDeviceGetMaxMigDeviceCount(handle) == 0
+        set_mig_mode(sim, sim.gpus[0].uuid, enabled=True)
+        assert sim.nvmlDeviceGetMaxMigDeviceCount(handle) == 7
+        gi_id = create_gpu_instance(sim, sim.gpus[0].uuid, profile_index=GI_1_SLICE, start=0)
+        gi = sim.nvmlDeviceGetGpuInstanceById(handle, gi_id)
+        shared = sim.NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED
+        # Past the last profile: INVALID_ARGUMENT, which is how callers find the end.
+        with pytest.raises(sim.NVMLError) as past:
+            sim.nvmlGpuInstanceGetComputeInstanceProfileInfo(gi, 9, shared)
+        assert past.value.value == sim.NVML_ERROR_INVALID_ARGUMENT
+        # A compute instance larger than its GPU instance: the profile is not supported.
+        with pytest.raises(sim.NVMLError) as unsupported:
+            sim.nvmlGpuInstanceCreateComputeInstance(gi, CI_3_SLICE)
+        assert unsupported.value.value == sim.NVML_ERROR_NOT_SUPPORTED
+    finally:
+        sim.nvmlShutdown()
+    assert sim.mig_calls[-1].result == "NVML_ERROR_NOT_SUPPORTED"

@@ -385,6 +385,10 @@ CASES: dict[str, Valid | Invalid] = {
         "partitioning:\n  mig:\n  - profiles: {3g.40gb: 2}\n",
         warning="partitioning.mig: MIG layouts are declared but flags.migStrategy is none",
     ),
+    "a dynamic entry needs no migStrategy": Valid(
+        "partitioning:\n  mig:\n  - devices: [0]\n    dynamic: true\n",
+        lambda c: c.partitioning is not None and c.partitioning.mig[0].dynamic,
+    ),
     "empty document": Valid("", lambda c: c == Config()),
     "comments only": Valid("# nothing\n", lambda c: c.flags.mig_strategy is MigStrategy.NONE),
 }

@@ -218,3 +218,35 @@ def test_json_and_lines() -> None:
         "GPU 3 (NVIDIA A100-SXM4-80GB): empty -> 3g.40gb@0",
         "  create 3g.40gb at slices 0-3",
     ]
+
+
+# ---- dynamic entries: MIG mode on, the instances are the claims' ----------------------------
+
+
+def test_a_dynamic_gpu_with_mig_off_gets_mig_mode_and_nothing_else() -> None:
+    action = _only(mig_actions(_config({"devices": [1], "dynamic": True}), H200))
+    assert action.dynamic and action.state == "change"
+    assert action.describe() == ["enable MIG mode"]
+    assert action.plan is not None and not action.plan.changes
+    assert action.desired_layout() == ["dynamic"]
+    assert action.to_json()["dynamic"] is True
+
+
+def test_a_dynamic_gpu_keeps_every_instance_it_has() -> None:
+    action = _only(mig_actions(_config({"devices": [0], "dynamic": True}), MIXED))
+    assert (action.state, action.changes, action.describe()) == ("applied", False, [])
+    assert action.plan is not None and len(action.plan.keep) == 3
+    assert dict(action.desired) == {"3g.40gb": 1, "2g.20gb": 1, "1g.10gb": 1}
+    assert action.lines() == [
+        f"GPU 0 ({MIXED.gpus[0].product}): 3g.40gb@0 2g.20gb@4 1g.10gb@6 -> dynamic"
+    ]
+
+
+def test_a_claim_holding_a_whole_gpu_keeps_its_mig_mode_off() -> None:
+    gpu = H200.gpus[2]
+    config = _config({"devices": [2], "dynamic": True})
+    action = _only(mig_actions(config, H200, {gpu.uuid: ("ns", "claim-0", "")}))
+    assert action.pending == (
+        f"waiting for ResourceClaim ns/claim-0 to release {gpu.uuid} before MIG mode can be "
+        "turned on"
+    )

@@ -178,6 +178,13 @@ def expected(example_name: str, preset: str) -> dict[str, str] | None:
         if preset not in PARTITIONED:  # not 8 GPUs of a model with those profiles
             return None
         return {**gpu_labels(preset, mig_strategy="mixed"), **PARTITIONED[preset]}
+    if example_name == "dynamic-mig":
+        # GPUs 0-3 are dynamic (run-dra's placements: MIG on, nothing advertised here), 4-5
+        # cut as 3g.40gb x2, 6-7 whole.
+        if preset not in PARTITIONED:
+            return None
+        three = {k: v for k, v in PARTITIONED[preset].items() if "mig-3g.40gb" in k}
+        return {**gpu_labels(preset, mig_strategy="mixed"), **three}
     assert example_name == "mig-mixed"
     if preset != "a100-mig-mixed":  # no MIG enabled: whole GPUs, the strategy still published
         return gpu_labels(preset, mig_strategy="mixed")
@@ -233,6 +240,7 @@ def test_every_example_on_every_preset_labels_as_gfd_documents(
 
 def test_the_examples_checked_are_all_there_are() -> None:
     assert EXAMPLE_NAMES == [
+        "dynamic-mig",
         "mig-mixed",
         "mig-partitioning",
         "mps",

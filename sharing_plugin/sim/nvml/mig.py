@@ -137,7 +137,8 @@ class SimMigOps:
 
     def nvmlDeviceGetMaxMigDeviceCount(self, handle: object) -> int:
         gpu = self._gpu(handle)
-        return gpu.mig.compute_slices if gpu.mig is not None else 0
+        # nvml.h: "Returns zero if MIG is not supported or enabled."
+        return gpu.mig.compute_slices if gpu.mig is not None and gpu.mig_current else 0
 
     def nvmlDeviceGetMigDeviceHandleByIndex(self, handle: object, index: int) -> DeviceHandle:
         gpu, mig = self._mig_gpu(handle)
@@ -272,6 +273,10 @@ class SimMigOps:
     ) -> pynvml.c_nvmlComputeInstanceProfileInfo_v2_t:
         gi = self._gi(gpuInstance)
         slices = _CI_SLICES.get(profile)
+        # nvml.h: the profiles are enumerated "until the API returns INVALID_ARGUMENT"; a
+        # profile within the range that this GPU instance cannot hold is NOT_SUPPORTED.
+        if not 0 <= profile < pynvml.NVML_COMPUTE_INSTANCE_PROFILE_COUNT:
+            raise nvml_error(pynvml.NVML_ERROR_INVALID_ARGUMENT)
         if engProfile != pynvml.NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED:
             raise nvml_error(pynvml.NVML_ERROR_INVALID_ARGUMENT)
         if slices is None or slices > gi.spec.compute_slices:
@@ -293,7 +298,10 @@ class SimMigOps:
         gi = self._gi(gpuInstance)
         slices = _CI_SLICES.get(profileId)
         if slices is None or slices > gi.spec.compute_slices:
-            raise nvml_error(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+            # nvml.h: NOT_SUPPORTED "if profileId isn't supported".
+            code = pynvml.NVML_ERROR_NOT_SUPPORTED
+            self._record("create_compute_instance", gi.gpu, gi.spec, gi.start, code)
+            raise nvml_error(code)
         with self._mig_lock:
             used = sum(ci.slices for ci in gi.compute_instances)
             if used + slices > gi.spec.compute_slices:
