@@ -24,6 +24,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from sharing_plugin.daemon.mig import mig_operation
 from sharing_plugin.dra.checkpoint import PreparedClaim
 from sharing_plugin.dra.partitions import MadeInstance
 from sharing_plugin.errors import NvmlError
@@ -165,16 +166,7 @@ class NodePartitioner:
         return self._read(gpu)
 
     def _op(self, name: str, call: Callable[..., _T], *args: Any, **kwargs: Any) -> _T:
-        """One NVML MIG operation, counted in the metrics by name and result."""
-        try:
-            result = call(*args, **kwargs)
-        except NvmlError:
-            if self._metrics is not None:
-                self._metrics.count_mig_operation(name, ok=False)
-            raise
-        if self._metrics is not None:
-            self._metrics.count_mig_operation(name)
-        return result
+        return mig_operation(self._metrics, name, call, *args, **kwargs)
 
 
 def _at(devices: tuple[MigDevice, ...], where: PlacementRef) -> list[MigDevice]:

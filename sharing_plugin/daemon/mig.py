@@ -38,9 +38,24 @@ from sharing_plugin.observability.metrics import Metrics
 
 log = logging.getLogger(__name__)
 
-__all__ = ["MigOutcome", "MigReconciler"]
+__all__ = ["MigOutcome", "MigReconciler", "mig_operation"]
 
 _T = TypeVar("_T")
+
+
+def mig_operation(
+    metrics: Metrics | None, name: str, call: Callable[..., _T], *args: Any, **kwargs: Any
+) -> _T:
+    """One NVML MIG operation, counted in the metrics by name and result."""
+    try:
+        result = call(*args, **kwargs)
+    except NvmlError:
+        if metrics is not None:
+            metrics.count_mig_operation(name, ok=False)
+        raise
+    if metrics is not None:
+        metrics.count_mig_operation(name)
+    return result
 
 
 @dataclass(frozen=True, slots=True)
@@ -206,13 +221,4 @@ class MigReconciler:
             )
 
     def _op(self, name: str, call: Callable[..., _T], *args: Any, **kwargs: Any) -> _T:
-        """One NVML MIG operation, counted in the metrics by name and result."""
-        try:
-            result = call(*args, **kwargs)
-        except NvmlError:
-            if self._metrics is not None:
-                self._metrics.count_mig_operation(name, ok=False)
-            raise
-        if self._metrics is not None:
-            self._metrics.count_mig_operation(name)
-        return result
+        return mig_operation(self._metrics, name, call, *args, **kwargs)
