@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING
 
 from sharing_plugin.config.base import SharedDevices
 from sharing_plugin.daemon.dra_conflicts import check_no_device_plugin
+from sharing_plugin.daemon.dra_features import ServerFeatures
 from sharing_plugin.daemon.dra_mig import NodePartitioner, claim_holders
 from sharing_plugin.daemon.dra_pool import PoolKeeper
 from sharing_plugin.daemon.health_monitor import HealthEnv
@@ -46,7 +47,6 @@ from sharing_plugin.daemon.service import ObservedService
 from sharing_plugin.dra.cdi import CdiSpecDir
 from sharing_plugin.dra.checkpoint import Checkpoint, checkpoint_path
 from sharing_plugin.dra.claims import ApiClaimReader
-from sharing_plugin.dra.features import keeps_device_taints
 from sharing_plugin.dra.health import DeviceHealthServicer
 from sharing_plugin.dra.prepare import ClaimPreparer, PoolState
 from sharing_plugin.dra.resources import discover_version
@@ -58,11 +58,7 @@ from sharing_plugin.nvml.api import NvmlApi
 from sharing_plugin.sources.update import Trigger
 from sharing_plugin.views.dra import config_resource_names, dra_devices
 from sharing_plugin.views.dra_api import (
-    CONSUMABLE_CAPACITY,
     DEFAULT_DRIVER,
-    DEVICE_TAINTS,
-    PARTITIONABLE_DEVICES,
-    V1,
 )
 from sharing_plugin.views.dra_health import health_taints
 from sharing_plugin.views.dra_mig import DynamicPool, dynamic_pool
@@ -96,12 +92,7 @@ class DraDaemon(ObservedService):
     ) -> None:
         self.options = options
         self._checked: tuple[Applied, PoolState] | None = None
-        self._capacity = False
-        self._taints = False
         self.health: DeviceHealthServicer | None = None
-        # Why the server cannot take dynamic MIG's counter sets (None: it can; resource.k8s.io/v1
-        # with DRAPartitionableDevices on).
-        self._unpartitionable: str | None = "not connected yet"
         self.preparer: ClaimPreparer | None = None
         self.keeper: PoolKeeper | None = None
         self.server: DraPluginServer | None = None
@@ -114,9 +105,10 @@ class DraDaemon(ObservedService):
             features=PipelineFeatures(
                 health_env=options.health_env,
                 mig_held_by=self._held_by,
-                dynamic_mig=self._dynamic_refused,
+                dynamic_mig=lambda: self.server_features.dynamic_refused(),
             ),
         )
+        self.server_features = ServerFeatures(self.status)
 
     # --- lifecycle ---------------------------------------------------------------------------
 
@@ -135,18 +127,7 @@ class DraDaemon(ObservedService):
         except KubeApiError as exc:
             raise StartupError(str(exc)) from exc
         log.info("DRA driver %s on node %s speaks %s", driver, node, version)
-        # Consumable capacity is resource.k8s.io/v1's (Kubernetes 1.34+); an older server is
-        # given one device per replica whatever the config asks.
-        self._capacity = version == V1
-        self._unpartitionable = None
-        if version != V1:
-            self._unpartitionable = (
-                "dynamic MIG needs partitionable devices (resource.k8s.io/v1, Kubernetes 1.34+); "
-                f"this API server serves only {version}"
-            )
-        if not self._capacity:
-            self._by_replica(f"{version} has no consumable capacity")
-        await self._probe_taints(version)
+        await self.server_features.discover(client, version, driver=driver, node_name=node)
         self.preparer = ClaimPreparer(
             driver=driver,
             pool=node,
@@ -210,7 +191,7 @@ class DraDaemon(ObservedService):
         state = checked[1] if checked is not None and checked[0] is applied else None
         state = state or self._pool_state(applied)
         assert self.keeper is not None
-        if self._capacity:
+        if self.server_features.capacity:
             self.status.set_dra(shared_devices=applied.config.dra.shared_devices.value)
         self.keeper.set_state(state)
         return Served(f"{len(state.devices)} DRA device(s)")
@@ -221,63 +202,25 @@ class DraDaemon(ObservedService):
             self.keeper.set_state(self._pool_state(applied))
 
     def _dropped(self, features: frozenset[str]) -> None:
-        """The API server did not keep some fields of the slices: publish what it does keep.
-
-        The start-up probe asks about taints before anything is published; this read-back of
-        what was stored also catches a server that answered the probe otherwise (one that
-        ignores dry runs, or whose gate changed since)."""
-        changed = False
-        if CONSUMABLE_CAPACITY in features and self._capacity:
-            self._capacity = False
-            self._by_replica(
-                "the API server does not keep the consumable-capacity fields of ResourceSlices "
-                f"(feature gate {CONSUMABLE_CAPACITY} off?)"
-            )
-            changed = True
-        if DEVICE_TAINTS in features and self._taints:
-            self._taints = False
-            log.warning(
-                "the API server did not keep the devices' taints of a ResourceSlice (feature "
-                "gate %s off?): Unhealthy GPUs leave the pool instead of staying in it tainted",
-                DEVICE_TAINTS,
-            )
-            changed = True
-        if PARTITIONABLE_DEVICES in features and self._unpartitionable is None:
-            self._unpartitionable = (
-                "the API server does not keep the partitionable-device fields of "
-                f"ResourceSlices (feature gate {PARTITIONABLE_DEVICES} off?)"
-            )
-            # Placements without their counters would let the scheduler allocate overlapping
-            # instances, which NVML would then refuse at prepare: none are published.
-            log.error(
-                "%s: the GPUs of dynamic MIG entries are not published; remove dynamic and "
-                "declare profiles",
-                self._unpartitionable,
-            )
-            changed = True
-        if not changed:
-            return
+        """The API server did not keep some fields of the slices: publish what it does keep."""
         applied = self.pipeline.applied
-        if applied is not None and self.keeper is not None:
+        if self.server_features.dropped(features) and applied and self.keeper is not None:
             self.keeper.set_state(self._pool_state(applied))
-
-    def _by_replica(self, why: str) -> None:
-        log.warning("%s: shared GPUs are published as one device per replica", why)
-        self.status.set_dra(shared_devices=SharedDevices.REPLICAS.value, reason=why)
 
     def _pool_state(self, applied: Applied) -> PoolState:
         plan = self.pipeline.healthy_plan(applied)
-        shared = applied.config.dra.shared_devices if self._capacity else SharedDevices.REPLICAS
+        keeps = self.server_features
+        shared = applied.config.dra.shared_devices if keeps.capacity else SharedDevices.REPLICAS
         mig = self._dynamic(applied)
         devices = {
             d.name: d
             for d in dra_devices(plan, applied.inventory, shared=shared)
             if d.gpu_uuid not in mig.gpu_uuids  # a dynamic GPU is its placements only
         }
-        if self._unpartitionable is not None:
+        if keeps.unpartitionable is not None:
             mig = DynamicPool()  # their GPUs are published as nothing else either
         taints = None
-        if self._taints:
+        if keeps.taints:
             taints = health_taints(self.pipeline.faults, self.options.driver_name)
         return PoolState(
             devices=devices, plan=plan, flags=applied.config.flags, taints=taints, mig=mig
@@ -296,27 +239,6 @@ class DraDaemon(ObservedService):
             kubelet_dir=self.options.source.kubelet_dir,
             names=names,
         )
-
-    async def _probe_taints(self, version: str) -> None:
-        """Whether Unhealthy devices can stay published with a taint (a v1 server that keeps
-        device taints), or must leave the pool."""
-        client = self.pipeline.client
-        assert client is not None
-        if version == V1:
-            try:
-                self._taints = await keeps_device_taints(
-                    client,
-                    driver=self.options.driver_name,
-                    node_name=self.options.source.node_name or "",
-                )
-            except KubeApiError as exc:
-                raise StartupError(str(exc)) from exc
-        if not self._taints:
-            log.warning(
-                "the API server keeps no device taints on %s ResourceSlices: Unhealthy GPUs "
-                "leave the pool instead of staying in it tainted",
-                version,
-            )
 
     # --- dynamic MIG and declared layouts ------------------------------------------------------
 
@@ -345,13 +267,6 @@ class DraDaemon(ObservedService):
         applied = self.pipeline.applied
         if applied is not None and self.keeper is not None:
             self.keeper.set_state(self._pool_state(applied))
-
-    def _dynamic_refused(self) -> str | None:
-        """Why dynamic entries cannot be served (None: they can): partitionable devices are
-        resource.k8s.io/v1's, and the server must keep their fields."""
-        if self._unpartitionable is None:
-            return None
-        return f"{self._unpartitionable}: remove dynamic and declare profiles"
 
     async def _held_by(self) -> dict[str, Holder]:
         """What prepared claims hold, for the declared layouts: never destroyed under them."""
