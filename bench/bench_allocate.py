@@ -126,7 +126,7 @@ async def _compare(
         grpc.aio.insecure_channel(f"unix://{echo_socket}") as echo_channel,
     ):
         stub = dp_grpc.DevicePluginStub(plugin_channel)
-        echo = echo_channel.unary_unary(_ECHO_METHOD)
+        echo = echo_channel.unary_unary(_ECHO_METHOD, None, None)
 
         def request(n: int) -> dp.AllocateRequest:
             return dp.AllocateRequest(
@@ -157,14 +157,14 @@ async def _compare(
     ratio = p50["allocate-1"] / p50["echo"]
     print(f"ratio Allocate(1 ID) p50 / echo p50 = {ratio:.2f} (goal <= 1.5)")
     print(f"ratio Allocate(8 IDs) p50 / echo p50 = {p50['allocate-8'] / p50['echo']:.2f}")
-    echo = f"bare grpc.aio echo: p50 {us(p50['echo'])}, p99 {us(p99['echo'])}"
+    baseline = f"bare grpc.aio echo: p50 {us(p50['echo'])}, p99 {us(p99['echo'])}"
     for name, ids_text, goal in (("allocate-1", "1 ID", "<= 1.5"), ("allocate-8", "8 IDs", "")):
         log.add(
             f"Allocate round trip, {ids_text}, 7,168 devices: p50 / echo p50",
             goal,
             f"{p50[name] / p50['echo']:.2f} (p50 {us(p50[name])}, p99 {us(p99[name])}; "
             f"n={len(results[name])})",
-            echo,
+            baseline,
         )
 
 

@@ -49,7 +49,7 @@ import sys
 import tempfile
 import time
 import traceback
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -145,12 +145,12 @@ async def bare_grpc_server(socket: Path) -> AsyncIterator[int]:
     channel = grpc.aio.insecure_channel(f"unix://{socket}")
     try:
         await server.stdout.readline()  # ready
-        stream = channel.unary_stream("/b.S/H")(b"")
+        stream = channel.unary_stream("/b.S/H", None, None)(b"")
         await anext(aiter(stream))
         yield server.pid
         stream.cancel()
     finally:
-        await channel.close()
+        await channel.close(None)
         server.kill()
         await server.wait()
 
@@ -636,7 +636,7 @@ async def main() -> int:
     load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
     print(f"{os.cpu_count()} CPUs, load average {load}, Python {sys.version.split()[0]}")
     compile_bytecode()
-    parts = {
+    parts: dict[str, Callable[[], Awaitable[None]]] = {
         "reload": lambda: bench_reload(rounds, log),
         "start": lambda: bench_start(runs, log),
         "idle": lambda: bench_idle(idle_s, log),

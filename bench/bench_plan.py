@@ -101,7 +101,7 @@ def main() -> None:
     assert len(resource.devices) == 7_168, len(resource.devices)
     request = [d.id for d in resource.devices[:: len(resource.devices) // 8]][:8]
 
-    rows = []
+    rows: list[tuple[str, float, float, str, int | None]] = []
     p50, p99 = measure(lambda: plan(config, inventory), 5 if quick else 30)
     rows.append(("plan() 7,168 devices", p50 * 1e3, p99 * 1e3, "ms", 50))
     p50, p99 = measure(lambda: allocate(resource, request, config.flags), 200 if quick else 5000)

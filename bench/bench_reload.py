@@ -175,7 +175,8 @@ async def bench_real_api(root: Path, rounds: int) -> list[float]:
                         patch_type=PatchType.MERGE,
                     )
                     await run.kubelet.wait_for(
-                        lambda r=replicas: run.kubelet.capacity(gpu) == 8 * r, timeout=10
+                        lambda: run.kubelet.capacity(gpu) == 8 * replicas,  # noqa: B023 -- awaited here
+                        timeout=10,
                     )
                     if n:
                         samples.append(time.perf_counter() - started)

@@ -225,7 +225,7 @@ async def run_storm(
             storm.resource = name  # pods ask for the resource as soon as the admin renamed it
             try:
                 await kubelet.wait_for(
-                    lambda n=name, r=replicas: kubelet.allocatable(n) == r * GPUS,
+                    lambda: kubelet.allocatable(name) == replicas * GPUS,  # noqa: B023 -- awaited here
                     timeout=RELOAD_TIMEOUT_S,
                 )
             except TimeoutError:
@@ -237,7 +237,7 @@ async def run_storm(
                 restarts += 1
                 try:
                     await kubelet.wait_for(
-                        lambda n=name, r=replicas: kubelet.allocatable(n) == r * GPUS,
+                        lambda: kubelet.allocatable(name) == replicas * GPUS,  # noqa: B023 -- awaited here
                         timeout=RELOAD_TIMEOUT_S,
                     )
                 except TimeoutError:

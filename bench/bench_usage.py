@@ -35,6 +35,7 @@ import statistics
 import sys
 import time
 import traceback
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -50,7 +51,7 @@ from usage_support import free_port, http_get  # noqa: E402
 
 from sharing_plugin.backends import backend_from_spec  # noqa: E402
 from sharing_plugin.daemon.app import Daemon  # noqa: E402
-from sharing_plugin.daemon.options import RunOptions  # noqa: E402
+from sharing_plugin.daemon.options import RunOptions, SourceOptions  # noqa: E402
 from sharing_plugin.plan.model import physical_of  # noqa: E402
 from sharing_plugin.sim.kubelet.simulator import KubeletSimulator  # noqa: E402
 from sharing_plugin.sources.kube import client_from_kubeconfig  # noqa: E402
@@ -98,14 +99,16 @@ async def bench_scrape(rounds: int, http_rounds: int, log: FigureLog) -> None:
             api.put_node(NODE)
             client = client_from_kubeconfig(api.kubeconfig(work / "kubeconfig"))
             options = RunOptions(
-                config_path=config,
-                gpus=f"simulated:{node}",
-                kubelet_dir=work,
-                node_name=NODE,
+                SourceOptions(
+                    config_path=config,
+                    gpus=f"simulated:{node}",
+                    kubelet_dir=work,
+                    node_name=NODE,
+                ),
                 proc_root=proc,
                 metrics_address=("127.0.0.1", port),
             )
-            nvml = backend_from_spec(options.gpus)
+            nvml = backend_from_spec(options.source.gpus)
             try:
                 async with (
                     KubeletSimulator(work) as kubelet,
@@ -283,7 +286,7 @@ async def main() -> int:
     logging.basicConfig(level=logging.ERROR)
     load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
     print(f"{os.cpu_count()} CPUs, load average {load}, Python {sys.version.split()[0]}")
-    parts = {
+    parts: dict[str, Callable[[], Awaitable[None]]] = {
         "scrape": lambda: bench_scrape(rounds, http_rounds, log),
         "idle": lambda: bench_idle(idle_s, settle_s, log),
     }
