@@ -15,7 +15,7 @@ from pydantic import PlainSerializer, PlainValidator, WithJsonSchema
 from pydantic_core import PydanticCustomError
 
 MIB = 1 << 20
-_UNITS = {
+UNITS = {
     "Ki": 1 << 10,
     "Mi": 1 << 20,
     "Gi": 1 << 30,
@@ -25,6 +25,7 @@ _UNITS = {
     "G": 10**9,
     "T": 10**12,
 }
+"""The suffixes of a Kubernetes quantity that sizes take, and what each multiplies by."""
 QUANTITY_PATTERN = r"^[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|k|M|G|T)$"
 _QUANTITY = re.compile(QUANTITY_PATTERN)
 
@@ -45,11 +46,11 @@ def parse_mib(value: Any) -> int:
             "{detail}",
             {
                 "detail": f"{text!r} is not a size: write a number and one of "
-                f"{', '.join(_UNITS)}, e.g. 10Gi"
+                f"{', '.join(UNITS)}, e.g. 10Gi"
             },
         )
     unit = match.group(2)
-    mib = int(Decimal(text[: -len(unit)]) * _UNITS[unit] // MIB)
+    mib = int(Decimal(text[: -len(unit)]) * UNITS[unit] // MIB)
     if mib < 1:
         raise PydanticCustomError(
             "memory_quantity", "{detail}", {"detail": f"{text} is under 1Mi, the smallest limit"}

@@ -24,7 +24,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from sharing_plugin.daemon.mig import mig_operation
+from sharing_plugin.daemon.mig import make_mig_device, mig_operation
 from sharing_plugin.dra.checkpoint import PreparedClaim
 from sharing_plugin.dra.partitions import MadeInstance
 from sharing_plugin.errors import NvmlError
@@ -33,8 +33,6 @@ from sharing_plugin.mig.desired import Holder
 from sharing_plugin.nvml.api import NvmlApi
 from sharing_plugin.nvml.discover import read_mig_devices
 from sharing_plugin.nvml.mig_ops import (
-    create_compute_instance,
-    create_gpu_instance,
     destroy_mig_device,
 )
 from sharing_plugin.observability.metrics import Metrics
@@ -107,29 +105,7 @@ class NodePartitioner:
         there = _at(devices, placement.ref)
         if there:
             return MadeInstance(there[0], created=False), devices
-        gi_id = self._op(
-            "create-gpu-instance",
-            create_gpu_instance,
-            self._nvml,
-            gpu.uuid,
-            profile_index=spec.gi_profile_id,
-            start=placement.start,
-        )
-        try:
-            created = self._op(
-                "create-compute-instance",
-                create_compute_instance,
-                self._nvml,
-                gpu.uuid,
-                gi_id=gi_id,
-                ci_profile_index=spec.ci_profile_id,
-            )
-        except NvmlError:
-            try:
-                destroy_mig_device(self._nvml, gpu.uuid, gi_id=gi_id, ci_id=None)
-            except NvmlError as exc:
-                log.error("GPU %d: giving back GPU instance %d: %s", gpu.index, gi_id, exc)
-            raise
+        created = make_mig_device(self._nvml, self._metrics, gpu, spec, placement.start)
         devices = self._read(gpu)
         mine = next(
             (d for d in devices if (d.gi_id, d.ci_id) == (created.gi_id, created.ci_id)), None

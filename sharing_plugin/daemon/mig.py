@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable, Mapping
-from contextlib import suppress
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -29,6 +28,7 @@ from sharing_plugin.mig.state import MigState, state_of
 from sharing_plugin.nvml.api import NvmlApi
 from sharing_plugin.nvml.discover import discover
 from sharing_plugin.nvml.mig_ops import (
+    CreatedMigDevice,
     create_compute_instance,
     create_gpu_instance,
     destroy_mig_device,
@@ -38,7 +38,7 @@ from sharing_plugin.observability.metrics import Metrics
 
 log = logging.getLogger(__name__)
 
-__all__ = ["MigOutcome", "MigReconciler", "mig_operation"]
+__all__ = ["MigOutcome", "MigReconciler", "make_mig_device", "mig_operation"]
 
 _T = TypeVar("_T")
 
@@ -56,6 +56,39 @@ def mig_operation(
     if metrics is not None:
         metrics.count_mig_operation(name)
     return result
+
+
+def make_mig_device(
+    nvml: NvmlApi, metrics: Metrics | None, gpu: Gpu, spec: MigProfileSpec, start: int
+) -> CreatedMigDevice:
+    """A GPU instance of `spec` at `start` and its compute instance, each counted. When the
+    compute instance cannot be made the GPU instance is given back: without one it is no MIG
+    device, nothing would advertise it, yet it would hold its slices."""
+    gi_id = mig_operation(
+        metrics,
+        "create-gpu-instance",
+        create_gpu_instance,
+        nvml,
+        gpu.uuid,
+        profile_index=spec.gi_profile_id,
+        start=start,
+    )
+    try:
+        return mig_operation(
+            metrics,
+            "create-compute-instance",
+            create_compute_instance,
+            nvml,
+            gpu.uuid,
+            gi_id=gi_id,
+            ci_profile_index=spec.ci_profile_id,
+        )
+    except NvmlError:
+        try:
+            destroy_mig_device(nvml, gpu.uuid, gi_id=gi_id, ci_id=None)
+        except NvmlError as exc:
+            log.error("GPU %d: giving back GPU instance %d: %s", gpu.index, gi_id, exc)
+        raise
 
 
 @dataclass(frozen=True, slots=True)
@@ -161,29 +194,7 @@ class MigReconciler:
             self._set_mode(gpu, enabled=False)
 
     def _create(self, gpu: Gpu, spec: MigProfileSpec, start: int) -> None:
-        gi_id = self._op(
-            "create-gpu-instance",
-            create_gpu_instance,
-            self._nvml,
-            gpu.uuid,
-            profile_index=spec.gi_profile_id,
-            start=start,
-        )
-        try:
-            self._op(
-                "create-compute-instance",
-                create_compute_instance,
-                self._nvml,
-                gpu.uuid,
-                gi_id=gi_id,
-                ci_profile_index=spec.ci_profile_id,
-            )
-        except NvmlError:
-            # A GPU instance without a compute instance is no MIG device: nothing would
-            # advertise it, yet it holds its slices. Give them back.
-            with suppress(NvmlError):
-                destroy_mig_device(self._nvml, gpu.uuid, gi_id=gi_id, ci_id=None)
-            raise
+        make_mig_device(self._nvml, self._metrics, gpu, spec, start)
 
     def _destroy(self, gpu: Gpu, instance: MigInstance) -> None:
         devices = [m for m in gpu.mig_devices if m.placement == instance.placement]

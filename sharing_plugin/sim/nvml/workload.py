@@ -22,21 +22,13 @@ import yaml
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 from pydantic.alias_generators import to_camel
 
+from sharing_plugin.config.quantity import UNITS
+
 Entry = TypeVar("Entry", bound=BaseModel)
 
 # Linux's largest pid_max (PID_MAX_LIMIT on 64-bit kernels).
 PID_MAX = 1 << 22
-_UNITS = {
-    "": 1,
-    "Ki": 1 << 10,
-    "Mi": 1 << 20,
-    "Gi": 1 << 30,
-    "Ti": 1 << 40,
-    "k": 10**3,
-    "M": 10**6,
-    "G": 10**9,
-    "T": 10**12,
-}
+_UNITS = {"": 1, **UNITS}  # a plain number is bytes
 _QUANTITY = re.compile(r"([0-9]+(?:\.[0-9]+)?)(Ki|Mi|Gi|Ti|k|M|G|T)?")
 
 UtilizationCall = Literal[
