@@ -144,3 +144,45 @@ def allocate(
                 {"request": request["name"], "driver": driver, "pool": pool_name, "device": device}
             )
     return {"devices": {"results": results}}
+
+
+def extended_resource_claim(
+    pod: Mapping[str, Any], *, classes: Sequence[Mapping[str, Any]]
+) -> dict[str, Any]:
+    """The ResourceClaim the scheduler makes for a pod that asks extended resources a
+    DeviceClass names (`spec.extendedResourceName`, KEP-5004 DRAExtendedResource): one request
+    per container and resource, for that many devices of the class. Resources no class names
+    are left to the device plugins (none here: a pod with none is an error)."""
+    by_resource: dict[str, Mapping[str, Any]] = {}
+    for device_class in classes:  # the newest class claiming a name wins, as in the scheduler
+        name = device_class.get("spec", {}).get("extendedResourceName")
+        if name:
+            by_resource[name] = device_class
+    requests: list[dict[str, Any]] = []
+    for index, container in enumerate(pod["spec"]["containers"]):
+        limits = (container.get("resources") or {}).get("limits") or {}
+        for resource, count in sorted(limits.items()):
+            named = by_resource.get(resource)
+            if named is None:
+                continue
+            requests.append(
+                {
+                    "name": f"container-{index}-request-{len(requests)}",
+                    "exactly": {
+                        "deviceClassName": named["metadata"]["name"],
+                        "allocationMode": "ExactCount",
+                        "count": int(count),
+                    },
+                }
+            )
+    if not requests:
+        raise AllocationFailed(f"pod {pod['metadata']['name']} asks no extended resource of DRA")
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {
+            "name": f"{pod['metadata']['name']}-extended-resources",
+            "namespace": pod["metadata"].get("namespace", "default"),
+        },
+        "spec": {"devices": {"requests": requests}},
+    }
