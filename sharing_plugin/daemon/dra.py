@@ -35,7 +35,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from sharing_plugin.config.base import SharedDevices
-from sharing_plugin.daemon.dra_conflicts import check_no_device_plugin
+from sharing_plugin.daemon.dra_conflicts import (
+    check_no_device_plugin,
+    check_no_device_plugin_serving,
+)
 from sharing_plugin.daemon.dra_features import ServerFeatures
 from sharing_plugin.daemon.dra_mig import NodePartitioner, claim_holders
 from sharing_plugin.daemon.dra_pool import PoolKeeper
@@ -154,6 +157,9 @@ class DraDaemon(ObservedService):
             health=self.health,
             faults=lambda: self.pipeline.faults,
         )
+        # A device plugin serving here now stops run-dra before its first config touches MIG;
+        # the names the Node lists allocatable are known only from that config.
+        check_no_device_plugin_serving(node=node, kubelet_dir=source.kubelet_dir)
         await self.pipeline.start()
         await self._refuse_beside_a_device_plugin()
         self.server = DraPluginServer(

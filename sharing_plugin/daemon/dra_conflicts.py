@@ -97,3 +97,12 @@ async def check_no_device_plugin(
     message = conflict_message(node=node, kubelet_dir=kubelet_dir, sockets=sockets, served=served)
     if message is not None:
         raise StartupError(message)
+
+
+def check_no_device_plugin_serving(*, node: str, kubelet_dir: Path) -> None:
+    """Raise StartupError when our device plugin serves in `kubelet_dir` now: checked before
+    the first config is applied, so that `run-dra` makes no MIG change under `run`'s pods."""
+    sockets = live_sockets(kubelet_dir)
+    message = conflict_message(node=node, kubelet_dir=kubelet_dir, sockets=sockets, served={})
+    if message is not None:
+        raise StartupError(message)

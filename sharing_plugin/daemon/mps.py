@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -80,6 +81,7 @@ class MpsController(NodeService):
         self._lock = asyncio.Lock()
         self._recheck: asyncio.Task[Any] | None = None
         self.pod_resources = PodResourcesClient(options.source.kubelet_dir)
+        self._last_held: Mapping[str, frozenset[str]] = {}  # PodResources' last answer
         self.claims: Checkpoint | None = None
         if options.limits_from_claims:
             where = checkpoint_path(options.source.kubelet_dir, options.driver_name)
@@ -159,9 +161,10 @@ class MpsController(NodeService):
     async def _held(self) -> dict[str, int]:
         """Devices pods hold, by resource: the kubelet's device-plugin devices, and in DRA mode
         the devices of the claims run-dra prepared (PodResources does not list those)."""
-        held = {
-            name: len(ids) for name, ids in (await self.pod_resources.held_devices() or {}).items()
-        }
+        devices = await self.pod_resources.held_devices()
+        if devices is not None:  # unknown now (kubelet restarting): what it answered last
+            self._last_held = devices
+        held = {name: len(ids) for name, ids in self._last_held.items()}
         if self.claims is not None:
             claims = await asyncio.to_thread(self.claims.peek)
             if claims is None:

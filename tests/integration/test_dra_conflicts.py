@@ -12,10 +12,12 @@ from daemon_harness import running
 from dra_harness import NODE, dra_running
 from kube_api import FakeKubeApi
 
+from sharing_plugin.backends import backend_from_spec
 from sharing_plugin.errors import StartupError
 
 CONFIG = "version: v1\n"
 GPUS = "simulated:t4x4"
+A100 = "simulated:dgx-a100-80gb"  # MIG off: a declared layout would turn it on
 
 
 async def test_refused_while_run_serves_on_the_node_and_started_once_it_stopped(
@@ -35,6 +37,20 @@ async def test_refused_while_run_serves_on_the_node_and_started_once_it_stopped(
     # run stopped (its sockets gone): run-dra starts.
     async with dra_running(short_dir, CONFIG, gpus=GPUS) as run:
         await run.published(4)
+
+
+async def test_refused_before_its_first_config_touches_mig(short_dir: Path) -> None:
+    layout = (
+        "version: v1\nflags:\n  migStrategy: mixed\npartitioning:\n  mig:\n"
+        "    - devices: [0]\n      profiles: {3g.40gb: 2}\n"
+    )
+    nvml = backend_from_spec(A100)
+    async with running(short_dir, CONFIG, gpus=A100):
+        with pytest.raises(StartupError, match="serves on this node"):
+            async with dra_running(short_dir, layout, nvml=nvml, wait_registered=False):
+                pass
+    # run's GPU 0 is as it was: MIG mode left off, no instance made.
+    assert nvml.mig_calls == []
 
 
 async def test_a_killed_runs_sockets_are_no_conflict(short_dir: Path) -> None:

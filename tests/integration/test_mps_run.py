@@ -142,6 +142,28 @@ async def test_a_limit_change_waits_for_the_pods_holding_replicas(
         await run.kubelet.wait_for(lambda: run.allocatable() == {RESOURCE: 4}, timeout=10)
 
 
+async def test_a_waiting_change_keeps_waiting_while_the_kubelet_cannot_tell(
+    short_dir: Path, binary: Path, gpus: str
+) -> None:
+    mps_root = short_dir / "mps"
+    async with (
+        running(short_dir, mps_config(mps_root, replicas=REPLICAS), gpus=gpus) as run,
+        controller(run.config, binary, gpus=gpus, kubelet_dir=short_dir) as control,
+    ):
+        await run.kubelet.wait_for(lambda: run.allocatable() == {RESOURCE: ALL}, timeout=10)
+        first = daemon_pid(mps_root)
+        await run.kubelet.admit_pod("client", containers={"main": {RESOURCE: 1}})
+        with control.pipeline.outcomes() as outcomes:
+            write(run.config, mps_config(mps_root, replicas=2))
+            await outcomes.applied()
+        await eventually_record(mps_root, lambda r: r.state is DaemonState.WAITING)
+        # PodResources gone (a kubelet restarting): the pod is still there, its daemon stays.
+        run.kubelet.pod_resources_socket.unlink()
+        await asyncio.sleep(0.5)  # ten rechecks (recheck_s 0.05)
+        assert first is not None and process_alive(first)
+        assert daemon_pid(mps_root) == first
+
+
 async def test_a_state_file_nobody_confirms_goes_stale(short_dir: Path, gpus: str) -> None:
     mps_root = short_dir / "mps"
 
