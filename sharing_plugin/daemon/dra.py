@@ -63,7 +63,7 @@ from sharing_plugin.views.dra import config_resource_names, dra_devices
 from sharing_plugin.views.dra_api import (
     DEFAULT_DRIVER,
 )
-from sharing_plugin.views.dra_health import health_taints
+from sharing_plugin.views.dra_health import draining_taint, health_taints
 from sharing_plugin.views.dra_mig import DynamicPool, dynamic_pool
 
 if TYPE_CHECKING:
@@ -225,11 +225,17 @@ class DraDaemon(ObservedService):
         }
         if keeps.unpartitionable is not None:
             mig = DynamicPool()  # their GPUs are published as nothing else either
-        taints = None
+        taints, draining = None, None
         if keeps.taints:
             taints = health_taints(self.pipeline.faults, self.options.driver_name)
+            draining = draining_taint(self.options.driver_name)
         return PoolState(
-            devices=devices, plan=plan, flags=applied.config.flags, taints=taints, mig=mig
+            devices=devices,
+            plan=plan,
+            flags=applied.config.flags,
+            taints=taints,
+            draining=draining,
+            mig=mig,
         )
 
     async def _refuse_beside_a_device_plugin(self) -> None:

@@ -96,7 +96,13 @@ class PoolKeeper:
         dynamic = {d.name for d in placements}
         devices = tuple(state.devices.values())
         published = (
-            pool_devices(devices, held=held.keys() - dynamic, kept=held, taints=state.taints)
+            pool_devices(
+                devices,
+                held=held.keys() - dynamic,
+                kept=held,
+                taints=state.taints,
+                draining=state.draining,
+            )
             + placements
         )
         sets = {c.name: c for c in counters}

@@ -53,6 +53,7 @@ class PoolState:
     plan: Plan
     flags: Flags
     taints: Mapping[str, DeviceTaint] | None = None
+    draining: DeviceTaint | None = None  # with taints: on shared devices the config dropped
     mig: DynamicPool = field(default_factory=DynamicPool)
 
 

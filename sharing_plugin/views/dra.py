@@ -32,7 +32,7 @@ reloads and restarts, as its device plugin ID does. Everything here is pure.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from sharing_plugin.config.base import SharedDevices, SharingKind
@@ -227,6 +227,7 @@ def pool_devices(
     held: Iterable[str] = (),
     kept: Mapping[str, PublishedDevice] | None = None,
     taints: Mapping[str, DeviceTaint] | None = None,
+    draining: DeviceTaint | None = None,
 ) -> tuple[PublishedDevice, ...]:
     """What the pool publishes: the plan's devices, then the held devices the plan dropped.
 
@@ -235,7 +236,8 @@ def pool_devices(
     without a taint for it (`taints` None: a server without device taints) it leaves the pool.
     `held` names devices of prepared claims; `kept` has what was published for them. A held
     device the plan no longer has stays published unchanged until its claim is unprepared (the
-    draining rule).
+    draining rule); one several claims may share gets the `draining` taint as well, where given
+    (a server that keeps taints), so that its free shares go to no new claim.
     """
     kept = kept or {}
     published: list[PublishedDevice] = []
@@ -245,8 +247,12 @@ def pool_devices(
             published.append(d.published(taint))
     planned = {d.name for d in devices}
     for name in sorted(set(held) - planned):
-        if name in kept:
-            published.append(kept[name])
+        if name not in kept:
+            continue
+        device = kept[name]
+        if draining is not None and device.multiple_allocations and draining not in device.taints:
+            device = replace(device, taints=(*device.taints, draining))
+        published.append(device)
     return tuple(published)
 
 

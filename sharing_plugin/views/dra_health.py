@@ -22,12 +22,19 @@ from sharing_plugin.views.dra import DraDevice
 from sharing_plugin.views.dra_api import DeviceTaint, PublishedDevice, label_value
 
 UNHEALTHY_TAINT = "unhealthy"
+DRAINING_TAINT = "draining"
 MAX_HEALTH_MESSAGE = 1024  # what the kubelet keeps of a message
 
 
 def taint_key(driver: str) -> str:
     """The key of the taint on an Unhealthy device: `<driver>/unhealthy`."""
     return f"{driver}/{UNHEALTHY_TAINT}"
+
+
+def draining_taint(driver: str) -> DeviceTaint:
+    """The taint on a shared device the config dropped while claims still hold shares of it:
+    its free shares are not allocated to new claims (`<driver>/draining`)."""
+    return DeviceTaint(f"{driver}/{DRAINING_TAINT}", "removed-from-config")
 
 
 def health_taints(faults: Mapping[str, Fault], driver: str) -> dict[str, DeviceTaint]:

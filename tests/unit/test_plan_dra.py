@@ -202,6 +202,27 @@ def test_held_devices_the_plan_dropped_stay_published_unchanged() -> None:
     assert after[-1] == kept["gpu-00000000-0000-4000-8000-000000000000-r3"]
 
 
+def test_a_shared_device_the_plan_dropped_drains_with_a_taint_where_taints_are_kept() -> None:
+    inventory = node(gpu(0), gpu(1))
+    shared = plan(time_slicing({"name": "gpu", "replicas": 4}), inventory)
+    before = pool_devices(dra_devices(shared, inventory, shared=SharedDevices.CAPACITY))
+    kept = {d.name: d for d in before}
+    held = {before[0].name}  # shares of GPU 0 held by claims
+    assert before[0].multiple_allocations
+    only_gpu1 = dra_devices(
+        plan(time_slicing({"name": "gpu", "replicas": 4}), node(gpu(1))),
+        node(gpu(1)),
+        shared=SharedDevices.CAPACITY,
+    )
+    draining = DeviceTaint("gpu.sharing-plugin.io/draining", "removed-from-config")
+    after = pool_devices(only_gpu1, held=held, kept=kept, taints={}, draining=draining)
+    assert [d.name for d in after] == [before[1].name, before[0].name]
+    assert after[-1].taints == (draining,)  # its free shares go to no new claim
+    assert dataclasses.replace(after[-1], taints=()) == kept[before[0].name]
+    # Without taints on the server it stays as it was published.
+    assert pool_devices(only_gpu1, held=held, kept=kept)[-1] == kept[before[0].name]
+
+
 def test_held_but_unhealthy_devices_leave_the_pool_too() -> None:
     inventory = node(gpu(0))
     p = plan(config(), inventory).with_health({"GPU-00000000-0000-4000-8000-000000000000": False})
