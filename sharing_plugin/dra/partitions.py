@@ -64,17 +64,21 @@ class ClaimInstances:
         self._partitioner = partitioner
 
     async def make(
-        self, pool: DynamicPool, names: Sequence[str], claim: str
+        self, pool: DynamicPool, names: Sequence[str], claim: str, *, tainted: bool = False
     ) -> dict[str, ClaimDevice]:
         """Each placement device among `names` with its instance made or adopted, by name.
-        Raises AllocationError with NVML's reason, having destroyed what it created."""
+        Raises AllocationError with NVML's reason, having destroyed what it created.
+
+        `tainted`: Unhealthy placements are published tainted (the server keeps taints), so a
+        claim allocated one tolerates the taint or was allocated before it: it is prepared, as
+        any other tainted device; else an Unhealthy placement is refused."""
         made: dict[str, ClaimDevice] = {}
         for name in names:
             placement = pool.placement(name)
             if placement is None:
                 continue
             try:
-                if not pool.healthy(name):
+                if not pool.healthy(name) and not tainted:
                     raise AllocationError(
                         f"ResourceClaim {claim}: device {name} ({placement} on GPU "
                         f"{placement.gpu.index}) is unhealthy"

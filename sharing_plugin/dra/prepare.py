@@ -193,7 +193,9 @@ class ClaimPreparer:
             if memory is not None:
                 consumed[result.device] = consumed.get(result.device, 0) + memory
         names = list(dict.fromkeys(n for n, _ in shares))
-        made = await self._instances.make(state.mig, names, str(ref))
+        made = await self._instances.make(
+            state.mig, names, str(ref), tainted=state.taints is not None
+        )
         try:
             return self._record(
                 ref, state, shares, consumed, {n: m.device for n, m in made.items()}

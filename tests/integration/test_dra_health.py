@@ -141,6 +141,21 @@ async def test_taints_the_server_stops_keeping_make_an_unhealthy_gpu_leave_the_p
         assert len(stored) == 2 and not any("taints" in d for d in stored)
 
 
+async def test_a_claim_on_a_tainted_dynamic_placement_is_prepared(short_dir: Path) -> None:
+    node = node_file(short_dir, {"gpus": [{"product": "NVIDIA A100-SXM4-80GB", "count": 1}]})
+    config = "version: v1\npartitioning:\n  mig:\n    - devices: all\n      dynamic: true\n"
+    async with dra_running(short_dir, config + RECOVERY, gpus=f"simulated:{node}") as run:
+        devices = await run.published(25)
+        await watching(run)
+        sick = devices[0].attributes["uuid"]["string"]
+        append_fault(node, {"gpu": sick, "xid": 79})
+        await run.keeper.wait_published(lambda d: bool(taints(d)), timeout=1.0)
+        # Allocated the tainted placement (it tolerates the taint): prepared, instance made.
+        ref = foreign_claim(run.api, "tolerates", devices[0].name, pool=NODE)
+        answer = await run.prepare(ref)
+        assert answer.error == "" and len(answer.devices) == 1
+
+
 async def test_a_v1beta1_server_gets_no_taints_and_no_probe(short_dir: Path) -> None:
     node = node_file(short_dir, TWO_GPUS)
     async with dra_running(
