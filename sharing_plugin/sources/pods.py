@@ -78,10 +78,15 @@ class NodePods:
         from lightkube.resources.core_v1 import Pod
 
         listing = self._client.list(Pod, namespace=ALL_NS, fields={"spec.nodeName": self.node_name})
-        self._pods.clear()
-        self._uids.clear()
+        pods: dict[str, PodIdentity] = {}
+        uids: dict[tuple[str, str], tuple[str, ...]] = {}
         async for pod in listing:
-            self._seen(pod)
+            _put(pod, pods, uids)
+        # Replaced at once, only once the listing is whole: a reader never sees the map empty
+        # while a LIST runs, and a LIST that fails keeps what the last one found.
+        self._pods.clear()
+        self._pods.update(pods)
+        self._uids = uids
         version = listing.resourceVersion
         if self._logged:
             log.info("pods on node %s are readable again", self.node_name)
@@ -110,28 +115,8 @@ class NodePods:
                 raise
 
     def _seen(self, pod: Any) -> None:
-        meta = pod.metadata
-        if meta is None or not meta.uid:
-            return
         self._gone(pod)
-        statuses = [
-            *(getattr(pod.status, "containerStatuses", None) or ()),
-            *(getattr(pod.status, "initContainerStatuses", None) or ()),
-            *(getattr(pod.status, "ephemeralContainerStatuses", None) or ()),
-        ]
-        identity = PodIdentity(
-            namespace=meta.namespace or "",
-            name=meta.name or "",
-            uid=meta.uid,
-            containers={container_id(s.containerID): s.name for s in statuses if s.containerID},
-        )
-        uids = [meta.uid.lower()]
-        mirror = (meta.annotations or {}).get(MIRROR_ANNOTATION)
-        if mirror:
-            uids.append(mirror.lower())
-        for uid in uids:
-            self._pods[uid] = identity
-        self._uids[(identity.namespace, identity.name)] = tuple(uids)
+        _put(pod, self._pods, self._uids)
 
     def _gone(self, pod: Any) -> None:
         meta = pod.metadata
@@ -160,3 +145,33 @@ class NodePods:
                 )
             return
         log.warning("%s: HTTP %d: %s; retrying", where, code, message)
+
+
+def _put(
+    pod: Any,
+    pods: dict[str, PodIdentity],
+    by_name: dict[tuple[str, str], tuple[str, ...]],
+) -> None:
+    """Enter `pod` in `pods` by its UIDs (its own, and a static pod's mirror) and in
+    `by_name`."""
+    meta = pod.metadata
+    if meta is None or not meta.uid:
+        return
+    statuses = [
+        *(getattr(pod.status, "containerStatuses", None) or ()),
+        *(getattr(pod.status, "initContainerStatuses", None) or ()),
+        *(getattr(pod.status, "ephemeralContainerStatuses", None) or ()),
+    ]
+    identity = PodIdentity(
+        namespace=meta.namespace or "",
+        name=meta.name or "",
+        uid=meta.uid,
+        containers={container_id(s.containerID): s.name for s in statuses if s.containerID},
+    )
+    uids = [meta.uid.lower()]
+    mirror = (meta.annotations or {}).get(MIRROR_ANNOTATION)
+    if mirror:
+        uids.append(mirror.lower())
+    for uid in uids:
+        pods[uid] = identity
+    by_name[(identity.namespace, identity.name)] = tuple(uids)

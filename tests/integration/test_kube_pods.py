@@ -79,6 +79,20 @@ async def test_a_deletion_missed_while_the_watch_was_down_is_caught_by_the_next_
             await api.wait_watches()  # and it watches again
 
 
+async def test_the_pods_stay_known_while_the_api_server_is_away(tmp_path: Path) -> None:
+    async with FakeKubeApi() as api:
+        a = api.put_pod("ml", "train", node=NODE, containers={"main": f"containerd://{CID}"})
+        async with following(api, tmp_path) as pods:
+            await asyncio.wait_for(pods.synced.wait(), 5)
+            await api.wait_watches()
+            await api.down()  # the watch drops and every LIST fails, retried with backoff
+            await asyncio.sleep(0.3)
+            assert names(pods) == {a["metadata"]["uid"]: ("ml", "train", {CID: "main"})}
+            await api.up()
+            await api.wait_watches()
+            assert set(pods.by_uid) == {a["metadata"]["uid"]}
+
+
 async def test_a_static_pod_is_found_by_the_uid_kubelet_gave_it(tmp_path: Path) -> None:
     async with FakeKubeApi() as api:
         mirror = api.put_pod(
