@@ -29,6 +29,7 @@ from sharing_plugin.gpus.inventory import Inventory
 from sharing_plugin.plan.model import Plan
 from sharing_plugin.plan.node import plan_node
 from sharing_plugin.views.dra import dra_devices
+from sharing_plugin.views.dra_mig import dynamic_pool
 from sharing_plugin.views.labels import owns
 
 __all__ = [
@@ -190,10 +191,22 @@ def _dra_counts(config: Config, plan: Plan, inventory: Inventory) -> dict[str, t
         devices = dra_devices(plan, inventory, shared=config.dra.shared_devices)
     except PlanError:  # what the API cannot carry: run-dra would refuse the config
         return {}
+    dynamic = dynamic_pool(config, inventory)  # a dynamic GPU is its placements only
     counts: dict[str, tuple[int, int]] = {}
     for d in devices:
+        if d.gpu_uuid in dynamic.gpu_uuids:
+            continue
         published, claims = counts.get(d.resource, (0, 0))
         counts[d.resource] = (published + 1, claims + (d.shares.count if d.shares else 1))
+    for gpu in dynamic.gpus:
+        fit: dict[str, int] = {}  # claims of one placement each an empty GPU holds at most
+        for p in gpu.placements:
+            published, claims = counts.get(p.resource, (0, 0))
+            counts[p.resource] = (published + 1, claims)
+            fit[p.resource] = max(fit.get(p.resource, 0), p.spec.max_count)
+        for resource, most in fit.items():
+            published, claims = counts[resource]
+            counts[resource] = (published, claims + most)
     return counts
 
 

@@ -557,3 +557,20 @@ def test_dra_counts_follow_the_configs_shared_devices() -> None:
         (resource,) = result.resources
         assert (resource.devices, resource.physical) == (16, 4)
         assert (resource.dra_devices, resource.dra_claims) == (devices, 16)
+
+
+def test_dra_counts_of_a_dynamic_gpu_are_its_placements() -> None:
+    labels = {
+        k.replace("1g.10gb", "3g.40gb"): v for k, v in KINDS["mig-mixed"].items()
+    }  # 2 x A100-80GB, a 3g.40gb instance on each
+    labels.update({"nvidia.com/mig-3g.40gb.count": "2", "nvidia.com/mig-3g.40gb.memory": "40192"})
+    text = (
+        "version: v1\nflags:\n  migStrategy: mixed\npartitioning:\n  mig:\n"
+        "    - devices: all\n      dynamic: true\n"
+    )
+    node = {"metadata": {"name": "a100-0", "labels": labels}}
+    (result,) = fleet_view({"kind": "List", "items": [node]}, parse_configs(text, file="c")).nodes
+    (resource,) = result.resources
+    assert (resource.name, resource.devices) == ("nvidia.com/mig-3g.40gb", 2)
+    # run-dra publishes every 3g.40gb placement (starts 0 and 4 on each GPU), two fit a GPU.
+    assert (resource.dra_devices, resource.dra_claims) == (4, 4)
