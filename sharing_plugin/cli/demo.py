@@ -47,7 +47,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     # The simulated kubelet warns, as kubelet does, when our stream ends at shutdown: expected.
     logging.getLogger("sharing_plugin.sim.kubelet.endpoint").setLevel(logging.ERROR)
     # The demo prints rejected configs itself.
-    logging.getLogger("sharing_plugin.daemon.app").setLevel(logging.CRITICAL)
+    logging.getLogger("sharing_plugin.daemon.report").setLevel(logging.CRITICAL)
 
     async def demo() -> int:
         loop = asyncio.get_running_loop()

@@ -2,8 +2,10 @@
 
 `SourceOptions` (where the config comes from, which GPUs, this node, the kubelet's directory) is
 one value shared by `run`, `run-dra` and `mps-control`, which all feed the same node pipeline.
-Each command's own options hold it and only what that command has: `run`'s node status and
-labels, `run-dra`'s driver name and CDI directory, `mps-control`'s control binary.
+Each command's own options hold it and only what that command has: `run`'s (`RunOptions`, its
+node status and labels) here, `run-dra`'s driver name and CDI directory (`daemon/dra.py`
+`DraOptions`) and `mps-control`'s control binary (`daemon/mps.py` `MpsControlOptions`) beside
+the service that takes them.
 """
 
 from __future__ import annotations

@@ -8,9 +8,11 @@ from pathlib import Path
 import pytest
 
 from sharing_plugin.cli import main
+from sharing_plugin.cli.common import DEFAULT_DRIVER
 from sharing_plugin.cli.dra import dra_options, register
 from sharing_plugin.dra.server import check_socket_paths
 from sharing_plugin.errors import KubeletError
+from sharing_plugin.views.dra_api import DEFAULT_DRIVER as views_default_driver
 
 DRA_ENV = ("NODE_NAME", "DRIVER_NAME", "CDI_DIR", "CLEAR_SLICES_ON_EXIT", "KUBELET_DIR")
 
@@ -70,3 +72,8 @@ def test_socket_paths_must_fit_a_unix_socket_address() -> None:
     check_socket_paths(Path("/var/lib/kubelet"), "gpu.sharing-plugin.io")
     with pytest.raises(KubeletError, match="over the 107-byte limit"):
         check_socket_paths(Path("/" + "k" * 60), "gpu.sharing-plugin.io")
+
+
+def test_the_cli_default_driver_is_the_views() -> None:
+    # The entry keeps its own copy so that building the parser imports no views.
+    assert views_default_driver == DEFAULT_DRIVER
