@@ -15,19 +15,31 @@ from pydantic import PlainSerializer, PlainValidator, WithJsonSchema
 from pydantic_core import PydanticCustomError
 
 MIB = 1 << 20
-UNITS = {
+_UNITS = {
     "Ki": 1 << 10,
     "Mi": 1 << 20,
     "Gi": 1 << 30,
     "Ti": 1 << 40,
+    "Pi": 1 << 50,
     "k": 10**3,
     "M": 10**6,
     "G": 10**9,
     "T": 10**12,
+    "P": 10**15,
 }
-"""The suffixes of a Kubernetes quantity that sizes take, and what each multiplies by."""
+# What a config may write: a unit is required, and no size of ours needs peta.
 QUANTITY_PATTERN = r"^[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|k|M|G|T)$"
 _QUANTITY = re.compile(QUANTITY_PATTERN)
+_ANY_QUANTITY = re.compile(r"([0-9]+(?:\.[0-9]+)?)(Ki|Mi|Gi|Ti|Pi|k|M|G|T|P)?")
+
+
+def quantity_bytes(text: str) -> int | None:
+    """A Kubernetes quantity of bytes (`20Gi`, `512M`, or a plain number: bytes, as the API
+    server writes one without a suffix) in whole bytes, rounded down; None when it is not one."""
+    match = _ANY_QUANTITY.fullmatch(text.strip())
+    if match is None:
+        return None
+    return int(Decimal(match.group(1)) * _UNITS.get(match.group(2) or "", 1))
 
 
 def parse_mib(value: Any) -> int:
@@ -46,11 +58,10 @@ def parse_mib(value: Any) -> int:
             "{detail}",
             {
                 "detail": f"{text!r} is not a size: write a number and one of "
-                f"{', '.join(UNITS)}, e.g. 10Gi"
+                f"{', '.join(u for u in _UNITS if u not in ('Pi', 'P'))}, e.g. 10Gi"
             },
         )
-    unit = match.group(2)
-    mib = int(Decimal(text[: -len(unit)]) * UNITS[unit] // MIB)
+    mib = (quantity_bytes(text) or 0) // MIB
     if mib < 1:
         raise PydanticCustomError(
             "memory_quantity", "{detail}", {"detail": f"{text} is under 1Mi, the smallest limit"}

@@ -203,14 +203,18 @@ class DraDaemon(ObservedService):
         return Served(f"{len(state.devices)} DRA device(s)")
 
     async def health_changed(self) -> None:
-        applied = self.pipeline.applied
-        if applied is not None and self.keeper is not None:
-            self.keeper.set_state(self._pool_state(applied))
+        self._republish()
 
     def _dropped(self, features: frozenset[str]) -> None:
         """The API server did not keep some fields of the slices: publish what it does keep."""
+        if self.server_features.dropped(features):
+            self._republish()
+
+    def _republish(self) -> None:
+        """The pool computed again from the config applied now (health, claims' instances or
+        what the server keeps changed)."""
         applied = self.pipeline.applied
-        if self.server_features.dropped(features) and applied and self.keeper is not None:
+        if applied is not None and self.keeper is not None:
             self.keeper.set_state(self._pool_state(applied))
 
     def _pool_state(self, applied: Applied) -> PoolState:
@@ -259,8 +263,7 @@ class DraDaemon(ObservedService):
         included), with the GPU and MIG devices that are unhealthy."""
         node = self.pipeline.inventory or applied.inventory
         unhealthy: set[str] = {g.uuid for g in node.gpus if not g.healthy_at_discovery}
-        if self.options.health_env.settings(applied.config.health).enabled:
-            unhealthy |= {uuid for uuid, ok in self.pipeline.health.items() if not ok}
+        unhealthy |= self.pipeline.unhealthy(applied)
         return dynamic_pool(applied.config, node, unhealthy=unhealthy)
 
     def _claims_changed(self) -> None:
@@ -276,9 +279,7 @@ class DraDaemon(ObservedService):
 
     def _node_changed(self) -> None:
         """An instance was made or destroyed for a claim (under the pipeline's lock)."""
-        applied = self.pipeline.applied
-        if applied is not None and self.keeper is not None:
-            self.keeper.set_state(self._pool_state(applied))
+        self._republish()
 
     async def _held_by(self) -> dict[str, Holder]:
         """What prepared claims hold, for the declared layouts: never destroyed under them."""

@@ -252,9 +252,20 @@ class NodePipeline:
 
     def healthy_plan(self, applied: Applied) -> Plan:
         """`applied.plan` with the devices of Unhealthy GPUs marked, when health checks are on."""
-        if self._health_env is None or not self._health_env.settings(applied.config.health).enabled:
+        if not self._health_checked(applied):
             return applied.plan
         return applied.plan.with_health(self._health)
+
+    def unhealthy(self, applied: Applied) -> set[str]:
+        """The GPU and MIG UUIDs the health watch has marked Unhealthy, when health checks are
+        on for `applied`'s config (none otherwise)."""
+        if not self._health_checked(applied):
+            return set()
+        return {uuid for uuid, ok in self._health.items() if not ok}
+
+    def _health_checked(self, applied: Applied) -> bool:
+        env = self._health_env
+        return env is not None and env.settings(applied.config.health).enabled
 
     @contextlib.contextmanager
     def outcomes(self) -> Iterator[Outcomes]:

@@ -124,15 +124,9 @@ class Checkpoint:
     def load(self) -> dict[str, PreparedClaim]:
         """The prepared claims by UID; empty when there is no file or it does not check out."""
         try:
-            text = self.path.read_text()
+            return self._read()
         except FileNotFoundError:
             return {}
-        try:
-            data = json.loads(text)
-            claims = data["claims"]
-            if data.get("version") != _VERSION or data.get("checksum") != _checksum(claims):
-                raise ValueError("checksum or version mismatch")
-            loaded = [PreparedClaim.from_json(c) for c in claims]
         except (ValueError, KeyError, TypeError) as exc:
             aside = self.path.with_name(self.path.name + ".corrupt")
             log.error(
@@ -144,22 +138,26 @@ class Checkpoint:
             )
             os.replace(self.path, aside)
             return {}
-        return {c.ref.uid: c for c in loaded}
 
     def peek(self) -> dict[str, PreparedClaim] | None:
         """The prepared claims as the file holds them, for another process (mps-control): never
         moves or writes anything; None when the file is unreadable or does not check out (it is
         replaced whole, so a reader never sees half of one)."""
         try:
-            data = json.loads(self.path.read_text())
-            claims = data["claims"]
-            if data.get("version") != _VERSION or data.get("checksum") != _checksum(claims):
-                return None
-            return {c.ref.uid: c for c in (PreparedClaim.from_json(c) for c in claims)}
+            return self._read()
         except FileNotFoundError:
             return {}
         except (OSError, ValueError, KeyError, TypeError):
             return None
+
+    def _read(self) -> dict[str, PreparedClaim]:
+        """The file's claims by UID; ValueError, KeyError or TypeError when it does not check
+        out, OSError when it cannot be read."""
+        data = json.loads(self.path.read_text())
+        claims = data["claims"]
+        if data.get("version") != _VERSION or data.get("checksum") != _checksum(claims):
+            raise ValueError("checksum or version mismatch")
+        return {c.ref.uid: c for c in (PreparedClaim.from_json(c) for c in claims)}
 
     def save(self, claims: Mapping[str, PreparedClaim]) -> None:
         entries = [claims[uid].to_json() for uid in sorted(claims)]

@@ -79,11 +79,6 @@ class SlicePublisher:
         """The devices of the last successful publish (None before the first)."""
         return self._last
 
-    @property
-    def published_counters(self) -> tuple[CounterSet, ...]:
-        """The counter sets of the last successful publish."""
-        return self._last_counters
-
     async def publish(
         self,
         devices: Sequence[PublishedDevice],

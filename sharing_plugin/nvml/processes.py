@@ -33,7 +33,6 @@ from sharing_plugin.usage.model import DeviceMemory, GpuProcess, NvmlUsage
 
 log = logging.getLogger(__name__)
 
-NO_INSTANCE = 0xFFFFFFFF  # the instance ids of a process outside MIG mode
 INFO_CALL = "nvmlDeviceGetProcessesUtilizationInfo"
 SAMPLE_CALL = "nvmlDeviceGetProcessUtilization"
 _WINDOW_S = 1.0

@@ -21,8 +21,9 @@ import hashlib
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from decimal import Decimal
 from typing import Any, Final
+
+from sharing_plugin.config.quantity import quantity_bytes
 
 RESOURCE_GROUP: Final = "resource.k8s.io"
 V1: Final = f"{RESOURCE_GROUP}/v1"
@@ -82,29 +83,11 @@ def memory_quantity(mib: int) -> str:
     return f"{mib}Mi"
 
 
-_QUANTITY = re.compile(r"^([0-9]+(?:\.[0-9]+)?)(Ki|Mi|Gi|Ti|Pi|k|M|G|T|P)?$")
-_UNIT = {
-    "Ki": 1 << 10,
-    "Mi": 1 << 20,
-    "Gi": 1 << 30,
-    "Ti": 1 << 40,
-    "Pi": 1 << 50,
-    "k": 10**3,
-    "M": 10**6,
-    "G": 10**9,
-    "T": 10**12,
-    "P": 10**15,
-}
-
-
 def quantity_mib(text: str) -> int | None:
     """A memory quantity the API server wrote (`20Gi`, `21474836480`: bytes without a unit) in
     whole MiB, rounded down; None when it is not one."""
-    match = _QUANTITY.match(text.strip())
-    if match is None:
-        return None
-    number, unit = match.groups()
-    return int(Decimal(number) * _UNIT.get(unit or "", 1)) >> 20
+    found = quantity_bytes(text)
+    return None if found is None else found >> 20
 
 
 @dataclass(frozen=True, slots=True)

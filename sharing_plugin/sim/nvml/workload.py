@@ -13,8 +13,6 @@ the symbol: pynvml then raises NVML_ERROR_FUNCTION_NOT_FOUND.
 
 from __future__ import annotations
 
-import re
-from decimal import Decimal, InvalidOperation
 from pathlib import Path
 from typing import Annotated, Any, Literal, TypeVar
 
@@ -22,14 +20,12 @@ import yaml
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 from pydantic.alias_generators import to_camel
 
-from sharing_plugin.config.quantity import UNITS
+from sharing_plugin.config.quantity import quantity_bytes
 
 Entry = TypeVar("Entry", bound=BaseModel)
 
 # Linux's largest pid_max (PID_MAX_LIMIT on 64-bit kernels).
 PID_MAX = 1 << 22
-_UNITS = {"": 1, **UNITS}  # a plain number is bytes
-_QUANTITY = re.compile(r"([0-9]+(?:\.[0-9]+)?)(Ki|Mi|Gi|Ti|k|M|G|T)?")
 
 UtilizationCall = Literal[
     "nvmlDeviceGetProcessesUtilizationInfo", "nvmlDeviceGetProcessUtilization"
@@ -44,13 +40,10 @@ def parse_bytes(value: Any) -> int:
         if value < 0:
             raise ValueError(f"memory must not be negative (got {value})")
         return value
-    match = _QUANTITY.fullmatch(value.strip()) if isinstance(value, str) else None
-    if match is None:
+    found = quantity_bytes(value) if isinstance(value, str) else None
+    if found is None:
         raise ValueError(f"memory must be bytes or a quantity such as 1Gi (got {value!r})")
-    try:
-        return int(Decimal(match.group(1)) * _UNITS[match.group(2) or ""])
-    except InvalidOperation:  # pragma: no cover - the pattern admits only decimals
-        raise ValueError(f"memory: {value!r} is not a number") from None
+    return found
 
 
 Bytes = Annotated[int, BeforeValidator(parse_bytes)]
