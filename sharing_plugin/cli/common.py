@@ -8,14 +8,16 @@ import logging
 import os
 import re
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import TYPE_CHECKING, Protocol, Self, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, Self, TypeVar
 
 from sharing_plugin.config.names import DEFAULT_CONFIG_LABEL
 
 if TYPE_CHECKING:
+    import asyncio
+
     from sharing_plugin.daemon.options import SourceOptions
 
 EXIT_OK = 0
@@ -121,6 +123,8 @@ class SignalledService(Protocol):
 
     async def wait_stopped(self) -> None: ...
 
+    def held_up(self) -> Collection[asyncio.Task[Any]]: ...
+
     async def __aenter__(self) -> Self: ...
 
     async def __aexit__(
@@ -156,7 +160,7 @@ def serve_until_stopped(
         finally:
             for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
                 loop.remove_signal_handler(sig)
-        await _exit_past_stuck_work(logger)
+        await _exit_past_held_up_work(service.held_up(), logger)
 
     asyncio.run(serve())
 
@@ -165,19 +169,20 @@ def serve_until_stopped(
 EXIT_BOUND_S = 1.0
 
 
-async def _exit_past_stuck_work(logger: logging.Logger) -> None:
-    """Once the service has stopped: let what it left running end by itself, within
-    EXIT_BOUND_S; what has not by then is left behind by ending the process here.
+async def _exit_past_held_up_work(
+    held_up: Collection[asyncio.Task[Any]], logger: logging.Logger
+) -> None:
+    """Once the service has stopped: let what it says a peer holds up (`Service.held_up`) end by
+    itself, within EXIT_BOUND_S; what has not by then is left behind by ending the process here.
 
-    What a stop leaves is a grpc server's shutdown that a client which does not read holds up
-    (a frozen process with a stream open: see kubelet.server's `_Listener.close`). asyncio.run
-    would cancel it on the way out, and grpc's cancellation waits for that client in a thread
-    join that nothing ends: the pod would stay Terminating until kubelet killed it.
+    That is a grpc server's shutdown that a client which does not read holds up (a frozen
+    process with a stream open: see kubelet.server's `_Listener.close`). asyncio.run would
+    cancel it on the way out, and grpc's cancellation waits for that client in a thread join
+    that nothing ends: the pod would stay Terminating until kubelet killed it.
     """
     import asyncio
 
-    current = asyncio.current_task()
-    left = {task for task in asyncio.all_tasks() if task is not current}
+    left = {task for task in held_up if not task.done()}
     if not left:
         return
     _, pending = await asyncio.wait(left, timeout=EXIT_BOUND_S)

@@ -18,8 +18,10 @@ Allocate answers get the host's control device nodes.
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Collection
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from sharing_plugin.daemon.mps_gate import MpsGate
 from sharing_plugin.daemon.options import RunOptions
@@ -114,6 +116,9 @@ class Daemon(ObservedService):
         await self.pod_resources.close()
         await self.close_metrics_server()
         await self.pipeline.close_client()
+
+    def held_up(self) -> Collection[asyncio.Task[Any]]:
+        return self.supervisor.lingering
 
     # --- the pipeline's consumer ---------------------------------------------------------------
 

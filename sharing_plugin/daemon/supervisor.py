@@ -73,6 +73,8 @@ class Supervisor:
         self._retries: dict[str, asyncio.Task[None]] = {}
         self._drain_task: asyncio.Task[None] | None = None
         self._grants = GrantLedger(record_window_s=grant_window_s, on_late=self._late_grant)
+        # grpc shutdowns of stopped servers that a client which does not read holds up.
+        self.lingering: set[asyncio.Task[None]] = set()
         # PodResources' last answer: while kubelet cannot answer (restarting), pods are taken to
         # hold what they held then, so nothing draining vanishes for a kubelet restart.
         self._last_held: dict[str, frozenset[str]] = {}
@@ -140,6 +142,7 @@ class Supervisor:
                 context=context,
                 metrics=self._metrics,
                 grants=self._grants,
+                lingering=self.lingering,
             )
             for resource in change.start
         ]

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Coroutine
+from collections.abc import Collection, Coroutine
 from types import TracebackType
 from typing import Any, Self
 
@@ -80,6 +80,11 @@ class Service:
 
     async def close(self) -> None:
         raise NotImplementedError
+
+    def held_up(self) -> Collection[asyncio.Task[Any]]:
+        """What a closed service leaves running because a peer holds it up (a grpc server's
+        shutdown that a client which does not read holds): none unless a service says so."""
+        return ()
 
     async def __aenter__(self) -> Self:
         try:

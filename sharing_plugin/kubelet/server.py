@@ -241,7 +241,10 @@ class ResourceServer:
         context: AllocateContext,
         metrics: KubeletRecorder | None = None,
         grants: GrantLedger | None = None,
+        lingering: set[asyncio.Task[None]] | None = None,
     ) -> None:
+        """`lingering` collects the grpc shutdowns of stopped listeners that a client which
+        does not read holds up (one set for every server of a process: see `_Listener.close`)."""
         self._kubelet_dir = Path(kubelet_dir)
         self._plugin_dir = self._kubelet_dir / DEVICE_PLUGINS_DIR
         self._name = resource.name
@@ -249,8 +252,7 @@ class ResourceServer:
         self._grants = grants
         self._snapshot: Snapshot = snapshot(resource, context)
         self._listener: _Listener | None = None
-        # grpc shutdowns of earlier listeners that a client that does not read holds up.
-        self._lingering: set[asyncio.Task[None]] = set()
+        self._lingering = lingering if lingering is not None else set()
         self._registered = False
         self._lock = asyncio.Lock()
 
