@@ -40,14 +40,13 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests" / "integration"))
-sys.path.insert(0, str(ROOT / "tests" / "e2e"))
 sys.path.insert(0, str(ROOT / "tests"))
 
 import yaml_fast  # noqa: E402
 from bench_daemon import _wakeups, idle_cpu, short_dir, start_plugin, stop_plugin  # noqa: E402
 from figures import FigureLog, add_json_option, ms, p50_p99  # noqa: E402
 from kube_api import FakeKubeApi  # noqa: E402
-from usage_support import free_port, http_get  # noqa: E402
+from plugin_process import free_port, http_get  # noqa: E402
 
 from sharing_plugin.backends import backend_from_spec  # noqa: E402
 from sharing_plugin.daemon.app import Daemon  # noqa: E402
@@ -165,7 +164,7 @@ async def bench_scrape(rounds: int, http_rounds: int, log: FigureLog) -> None:
                     for _ in range(http_rounds):
                         await asyncio.sleep(1.05)  # past the shared reading: a fresh one
                         started = time.perf_counter()
-                        code, _ = await http_get(port, "/metrics")
+                        code, _, _ = await http_get(port, "/metrics")
                         over_http.append(time.perf_counter() - started)
                         assert code == 200
             finally:

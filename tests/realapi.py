@@ -36,12 +36,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from kustomize_render import SHARED_DIR_ENV
+
 ROOT = Path(__file__).resolve().parents[1]
 ARCHIVE = ROOT.parent / "shared" / "tools" / "realapi.gz"
 AVAILABLE = ARCHIVE.is_file()
 SKIP_REASON = "../shared/tools/realapi.gz is absent (only CI has it)"
-# The directory every test process of one run shares (the same variable kustomize_render reads).
-SHARED_DIR_ENV = "SHARING_PLUGIN_TEST_SHARED_DIR"
 START_TIMEOUT_S = 60.0
 
 _AUDIT_POLICY = """\

@@ -21,9 +21,10 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+from kustomize_render import SHARED_DIR_ENV
+
 ROOT = Path(__file__).resolve().parents[1]
 TOOLS = ROOT.parent / "shared" / "tools"
-SHARED_DIR_ENV = "SHARING_PLUGIN_TEST_SHARED_DIR"
 DRIVER = "gpu.sharing-plugin.io"
 
 

@@ -96,14 +96,6 @@ def test_deploy_dra_applies_and_its_cel_selectors_compile(real_api: realapi.Real
     assert refused and "compilation failed" in refused[0], said
 
 
-class DraPlugin(PluginProcess):
-    """`python -m sharing_plugin run-dra`, configured by its environment alone."""
-
-    def __init__(self, env: dict[str, str]) -> None:
-        super().__init__([], env)
-        self.args[self.args.index("run")] = "run-dra"
-
-
 def devices_published(node: str, count: int, slices: int) -> Any:
     def done(found: dict[str, Any]) -> bool:
         ours = [s for s in found.values() if s["spec"]["nodeName"] == node]
@@ -157,7 +149,7 @@ async def test_run_dra_as_deploy_dra_configures_it_needs_every_rule_and_no_other
                 "KUBECONFIG": str(plugin.kubeconfig),
             }
             on_node = {"spec.nodeName": node}
-            async with DraPlugin(env) as process:
+            async with PluginProcess([], env, command="run-dra") as process:
                 await observed(
                     cluster, slices, _dict(devices_published(node, 8, 1)), fields=on_node
                 )

@@ -6,7 +6,8 @@ import asyncio
 from pathlib import Path
 
 from cli_capture import cli
-from usage_support import admit, cgroup, free_port, index_of, plugin, write_node
+from plugin_process import free_port
+from usage_support import admit, cgroup, index_of, plugin, write_node
 
 
 async def test_one_frame_shows_each_gpu_its_holders_and_their_usage(short_dir: Path) -> None:

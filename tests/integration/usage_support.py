@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import socket
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -13,6 +12,7 @@ from typing import Any
 import yaml_fast
 from daemon_harness import Running, running
 from kube_api import FakeKubeApi
+from plugin_process import free_port, http_get
 from prometheus_client.parser import text_string_to_metric_families
 
 from sharing_plugin.plan.model import physical_of
@@ -61,29 +61,9 @@ def in_pod(uid: str, container_id: str) -> str:
     )
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
-async def http_get(port: int, path: str) -> tuple[int, bytes]:
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    try:
-        writer.write(f"GET {path} HTTP/1.1\r\nHost: localhost\r\n\r\n".encode())
-        await writer.drain()
-        raw = await reader.read()
-    finally:
-        writer.close()
-        await writer.wait_closed()
-    head, _, body = raw.partition(b"\r\n\r\n")
-    return int(head.split(b" ")[1]), body
-
-
 async def scrape(port: int) -> dict[str, Series]:
     """/metrics over HTTP: sample name -> {labels: value}."""
-    code, body = await http_get(port, "/metrics")
+    code, _, body = await http_get(port, "/metrics")
     assert code == 200
     out: dict[str, Series] = {}
     for family in text_string_to_metric_families(body.decode()):
@@ -93,7 +73,7 @@ async def scrape(port: int) -> dict[str, Series]:
 
 
 async def status(port: int) -> dict[str, Any]:
-    code, body = await http_get(port, "/status")
+    code, _, body = await http_get(port, "/status")
     assert code == 200
     document: dict[str, Any] = json.loads(body)
     return document

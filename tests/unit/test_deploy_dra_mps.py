@@ -10,14 +10,12 @@ from typing import Any
 import pytest
 from kustomize_render import render
 
-from sharing_plugin.cli.dra import FLAGS as DRA_FLAGS
 from sharing_plugin.cli.mps import FLAGS as MPS_FLAGS
 from sharing_plugin.config.model import Flags, SharingKind
 from sharing_plugin.gpus.inventory import GpuUuid
 from sharing_plugin.plan.model import DeviceId, Plan, ResourcePlan, VirtualDevice
 from sharing_plugin.views.cdi import claim_spec
 from sharing_plugin.views.dra import DraDevice
-from sharing_plugin.views.dra_api import DEFAULT_DRIVER
 
 ROOT = Path(__file__).resolve().parents[2]
 DRA = ROOT / "deploy" / "dra"
@@ -97,10 +95,8 @@ def test_mps_control_reads_run_dras_config_as_its_service_account_allows() -> No
     env, plugin_env = by_name(control["env"]), by_name(plugin["env"])
     unknown = {n for n in env if n not in MPS_ENV_VARS | {"POD_NAMESPACE"}}
     assert not {n for n in unknown if not n.startswith("NVIDIA_")}, unknown
-    for same in ("CONFIG_MAP", "CONFIG_FILE", "NODE_NAME", "KUBELET_DIR", "GPUS"):
+    for same in ("CONFIG_MAP", "CONFIG_FILE", "NODE_NAME", "KUBELET_DIR", "GPUS", "DRIVER_NAME"):
         assert env[same] == plugin_env[same]
-    # run-dra's own flags stay run-dra's: nothing of it leaked into the MPS container.
-    assert not {flag[1] for flag in DRA_FLAGS} - MPS_ENV_VARS & set(env)
     assert "compute" in env["NVIDIA_DRIVER_CAPABILITIES"]["value"].split(",")
     # Limits come from each claim's consumed capacity (its CDI edits), not from the daemons.
     assert env["MPS_LIMITS_FROM"]["value"] == "claims"
@@ -114,7 +110,7 @@ def test_mps_control_reads_run_dras_config_as_its_service_account_allows() -> No
     volumes = by_name(spec["volumes"])
     assert volumes["pod-resources"]["hostPath"]["path"] == f"{kubelet_dir}/pod-resources"
     # run-dra's checkpoint, where the claims holding a daemon are: read, never written.
-    driver = env.get("DRIVER_NAME", {"value": DEFAULT_DRIVER})["value"]
+    driver = env["DRIVER_NAME"]["value"]
     assert mounts["dra-plugin"] == {
         "name": "dra-plugin",
         "mountPath": f"{kubelet_dir}/plugins/{driver}",
