@@ -16,7 +16,7 @@ import gzip
 import json
 import os
 import shutil
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -128,12 +128,21 @@ class RealDra:
         return [s for s in found if s["spec"]["driver"] == DRIVER]
 
     async def wait_slices(self, devices: int, within: float = 10.0) -> list[dict[str, Any]]:
-        """Once the pool holds `devices` devices. realdra's control loop offers no watch, so
-        its API is asked again every 50 ms, within a bound."""
+        """Once the pool holds `devices` devices."""
+        return await self.wait_for_slices(
+            lambda found: sum(len(s["spec"].get("devices") or ()) for s in found) == devices,
+            within,
+        )
+
+    async def wait_for_slices(
+        self, done: Callable[[list[dict[str, Any]]], bool], within: float = 10.0
+    ) -> list[dict[str, Any]]:
+        """The driver's slices, once they satisfy `done`. realdra's control loop offers no
+        watch, so its API is asked again every 50 ms, within a bound."""
         async with asyncio.timeout(within):
             while True:
                 found = await self.slices()
-                if sum(len(s["spec"].get("devices") or ()) for s in found) == devices:
+                if done(found):
                     return found
                 await asyncio.sleep(0.05)
 

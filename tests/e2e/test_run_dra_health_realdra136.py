@@ -90,13 +90,6 @@ async def allocated_device(real: RealDra, name: str) -> str:
     return str(result["device"])
 
 
-async def until(real: RealDra, done: Callable[[list[dict[str, Any]]], bool]) -> None:
-    """Once the driver's slices satisfy `done` (the harness has no watch: asked every 50 ms)."""
-    async with asyncio.timeout(10):
-        while not done(await real.slices()):  # noqa: ASYNC110 -- another process's API
-            await asyncio.sleep(0.05)
-
-
 def taints(slices: list[dict[str, Any]]) -> dict[str, list[str]]:
     return {
         d["name"]: [t["value"] for t in d.get("taints") or () if t["key"] == TAINT]
@@ -127,7 +120,7 @@ async def test_a_tainted_gpu_is_skipped_tolerated_and_allocatable_again_after_re
     node_file.write_text(yaml_fast.dump(NODE_FILE))
     async with plugin(real, short_dir, node_file) as running:
         await real.ok({"cmd": "wait-plugin", "driver": DRIVER, "timeout": 15})
-        await until(real, lambda s: len(taints(s)) == 2)
+        await real.wait_for_slices(lambda s: len(taints(s)) == 2)
         cfg = parse_config(CONFIG, file="config.yaml").config
         inventory = discover(backend_from_spec(f"simulated:{node_file}"))
         for document in dra_documents(cfg, plan_node(cfg, inventory, as_is=True), NODE, DRIVER):
@@ -141,7 +134,7 @@ async def test_a_tainted_gpu_is_skipped_tolerated_and_allocatable_again_after_re
         )
         await running.wait_for_line("GPU health: watching")
         fail(node_file, {"gpu": 0, "xid": 79})
-        await until(real, lambda s: taints(s) == {sick: ["xid-79"], well: []})
+        await real.wait_for_slices(lambda s: taints(s) == {sick: ["xid-79"], well: []})
         health = await kubelet_health(
             short_dir, lambda h: h.get(f"{NODE}/{sick}", {}).get("Health") == "Unhealthy"
         )
@@ -164,7 +157,7 @@ async def test_a_tainted_gpu_is_skipped_tolerated_and_allocatable_again_after_re
 
         # Recovery (NVML answers, 1 s without a fault) lifts the taint; once the tolerant
         # claim is gone the GPU is allocatable to the claim that was refused.
-        await until(real, lambda s: taints(s) == {sick: [], well: []})
+        await real.wait_for_slices(lambda s: taints(s) == {sick: [], well: []})
         await kubelet_health(
             short_dir, lambda h: h.get(f"{NODE}/{sick}", {}).get("Health") == "Healthy"
         )

@@ -86,28 +86,7 @@ async def claim_pod(real: RealDra, name: str, profile: str, selector: str | None
     exactly: dict[str, Any] = {"deviceClassName": f"mig-{profile}.gpu.sharing-plugin.io"}
     if selector is not None:
         exactly["selectors"] = [{"cel": {"expression": selector}}]
-    await real.create(
-        {
-            "apiVersion": "resource.k8s.io/v1",
-            "kind": "ResourceClaim",
-            "metadata": {"name": name, "namespace": "default"},
-            "spec": {"devices": {"requests": [{"name": "mig", "exactly": exactly}]}},
-        }
-    )
-    await real.create(
-        {
-            "apiVersion": "v1",
-            "kind": "Pod",
-            "metadata": {"name": name, "namespace": "default"},
-            "spec": {
-                "nodeName": NODE,
-                "resourceClaims": [{"name": "m", "resourceClaimName": name}],
-                "containers": [
-                    {"name": "c", "image": "x", "resources": {"claims": [{"name": "m"}]}}
-                ],
-            },
-        }
-    )
+    await real.claim_for_pod(name, exactly, node=NODE)
 
 
 def pod(name: str) -> dict[str, str]:

@@ -51,8 +51,7 @@ async def test_a_claim_nvml_refuses_gets_nvmls_reason_at_the_kubelet(short_dir: 
                 gi = create_gpu_instance(nvml, gpu, profile_index=0, start=0)
                 create_compute_instance(nvml, gpu, gi_id=gi, ci_profile_index=0)
                 before = len(nvml.mig_calls)
-                for document in _claim_pod("seven"):
-                    await real.create(document)
+                await real.claim_for_pod("seven", {"deviceClassName": "seven"}, node=NODE)
                 await real.ok({"cmd": "allocate", "pod": {"namespace": "default", "name": "seven"}})
                 answer = await real.cmd(
                     {"cmd": "prepare", "pod": {"namespace": "default", "name": "seven"}}
@@ -82,27 +81,3 @@ def _class() -> dict[str, Any]:
         "metadata": {"name": "seven"},
         "spec": {"selectors": [{"cel": {"expression": expression}}]},
     }
-
-
-def _claim_pod(name: str) -> list[dict[str, Any]]:
-    request = {"name": "mig", "exactly": {"deviceClassName": "seven"}}
-    return [
-        {
-            "apiVersion": "resource.k8s.io/v1",
-            "kind": "ResourceClaim",
-            "metadata": {"name": name, "namespace": "default"},
-            "spec": {"devices": {"requests": [request]}},
-        },
-        {
-            "apiVersion": "v1",
-            "kind": "Pod",
-            "metadata": {"name": name, "namespace": "default"},
-            "spec": {
-                "nodeName": NODE,
-                "resourceClaims": [{"name": "m", "resourceClaimName": name}],
-                "containers": [
-                    {"name": "c", "image": "x", "resources": {"claims": [{"name": "m"}]}}
-                ],
-            },
-        },
-    ]
