@@ -13,6 +13,9 @@ rule is checked on a built config and still reported beside the field errors, at
 from __future__ import annotations
 
 import copy
+import types
+import typing
+from collections.abc import Iterator
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Annotated, Any
@@ -194,3 +197,18 @@ Devices = Annotated[
 ]
 
 Xid = Annotated[StrictInt, Field(ge=0)]
+
+
+def sections_in(annotation: Any) -> Iterator[tuple[type[BaseModel], bool]]:
+    """The config sections a field's annotation holds (`Section`, `Section | None`,
+    `tuple[Section, ...]`), and whether they are list entries."""
+    origin = typing.get_origin(annotation)
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        yield annotation, False
+    elif origin is tuple:
+        for arg in typing.get_args(annotation):
+            for model, _ in sections_in(arg):
+                yield model, True
+    elif origin in (typing.Union, types.UnionType, typing.Annotated):
+        for arg in typing.get_args(annotation):
+            yield from sections_in(arg)

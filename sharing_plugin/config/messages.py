@@ -10,15 +10,13 @@ so a field error and a broken rule read alike and come in one document order.
 from __future__ import annotations
 
 import difflib
-import types
-import typing
 from collections.abc import Iterable, Iterator
 from typing import Any
 
 from pydantic import BaseModel, ValidationError
 from yaml.nodes import MappingNode
 
-from sharing_plugin.config.base import Issue, Loc
+from sharing_plugin.config.base import Issue, Loc, sections_in
 from sharing_plugin.config.compat import RefusedNull
 from sharing_plugin.config.model import MAX_DEVICES_PER_RESOURCE, Config
 from sharing_plugin.config.yamldoc import Document, Mark
@@ -36,20 +34,6 @@ def format_loc(loc: Loc) -> str:
     return out
 
 
-def _submodels(annotation: Any) -> Iterator[tuple[type[BaseModel], bool]]:
-    """The config sections an annotation holds, and whether they are list entries."""
-    origin = typing.get_origin(annotation)
-    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-        yield annotation, False
-    elif origin is tuple:
-        for arg in typing.get_args(annotation):
-            for model, _ in _submodels(arg):
-                yield model, True
-    elif origin in (typing.Union, types.UnionType, typing.Annotated):
-        for arg in typing.get_args(annotation):
-            yield from _submodels(arg)
-
-
 def _sections() -> dict[tuple[str, ...], tuple[type[BaseModel], str]]:
     """Every section of the config: key path (without list indices) -> (model, display name)."""
     found: dict[tuple[str, ...], tuple[type[BaseModel], str]] = {}
@@ -57,7 +41,7 @@ def _sections() -> dict[tuple[str, ...], tuple[type[BaseModel], str]]:
     def walk(model: type[BaseModel], path: tuple[str, ...], display: str) -> None:
         found[path] = (model, display)
         for name, info in model.model_fields.items():
-            for sub, is_list in _submodels(info.annotation):
+            for sub, is_list in sections_in(info.annotation):
                 key = info.alias or name
                 shown = f"{display}.{key}" if path else key
                 walk(sub, (*path, key), f"entries of {shown}" if is_list else shown)

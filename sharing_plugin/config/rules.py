@@ -14,14 +14,13 @@ another part of the config has field errors, the sections that are valid are sti
 
 from __future__ import annotations
 
-import typing
 from collections.abc import Callable, Collection, Iterable, Iterator
 from functools import cache
 from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from sharing_plugin.config.base import Issue, Loc
+from sharing_plugin.config.base import Issue, Loc, sections_in
 from sharing_plugin.config.devices import overlap
 from sharing_plugin.config.model import (
     Config,
@@ -236,20 +235,10 @@ def _parts(kind: type[BaseModel]) -> tuple[tuple[str, str, type[BaseModel], bool
     holds a section with rules, however deep, in field order."""
     found = []
     for attribute, info in kind.model_fields.items():
-        held = _section_in(info.annotation)
-        if held is not None and _has_rules(held[0]):
-            found.append((attribute, info.alias or attribute, *held))
+        held = list(sections_in(info.annotation))
+        if len(held) == 1 and _has_rules(held[0][0]):
+            found.append((attribute, info.alias or attribute, *held[0]))
     return tuple(found)
-
-
-def _section_in(annotation: Any) -> tuple[type[BaseModel], bool] | None:
-    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-        return annotation, False
-    args = typing.get_args(annotation)
-    if typing.get_origin(annotation) is tuple and args and isinstance(args[0], type):
-        return (args[0], True) if issubclass(args[0], BaseModel) else None
-    models = [a for a in args if isinstance(a, type) and issubclass(a, BaseModel)]
-    return (models[0], False) if len(models) == 1 else None  # `Section | None`
 
 
 def _has_rules(kind: type[BaseModel]) -> bool:

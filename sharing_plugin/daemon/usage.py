@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from sharing_plugin.config.usage import DEFAULT_OVER_SHARE_SECONDS
 from sharing_plugin.daemon.tasks import TaskOwner
 from sharing_plugin.gpus.inventory import Inventory
 from sharing_plugin.kubelet.podresources import PodResourcesClient
@@ -49,7 +50,6 @@ from sharing_plugin.sources.pods import NodePods
 from sharing_plugin.sources.proc import CgroupReader
 from sharing_plugin.usage.model import CgroupRef, NvmlUsage, PodIdentity
 from sharing_plugin.usage.overshare import (
-    DEFAULT_AFTER_S,
     Exceeded,
     OverShareTracker,
     pods_on_shared_devices,
@@ -95,7 +95,8 @@ class UsageMonitor:
         self._status = status
         self._pod_resources = pod_resources
         self._tasks = TaskOwner("usage")
-        self._tracker = OverShareTracker(after_s=DEFAULT_AFTER_S)
+        # The config default until the first config says otherwise (`follow`).
+        self._tracker = OverShareTracker(after_s=DEFAULT_OVER_SHARE_SECONDS)
         self._followed: _Followed | None = None
         self._view: UsageView | None = None
         self._view_at: float | None = None

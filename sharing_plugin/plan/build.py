@@ -49,10 +49,8 @@ def _first_match(patterns: tuple[ResourcePattern, ...], text: str) -> str | None
 
 
 def _mig_resource_name(config: Config, profile: str) -> str:
-    named = _first_match(config.resources.mig, profile)
-    if named is not None:
-        return named
-    if config.flags.mig_strategy is MigStrategy.SINGLE:
+    single = config.flags.mig_strategy is MigStrategy.SINGLE
+    if single and _first_match(config.resources.mig, profile) is None:
         return DEFAULT_GPU_RESOURCE
     return profile_resource_name(config, profile)
 

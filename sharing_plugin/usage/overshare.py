@@ -21,8 +21,6 @@ from dataclasses import dataclass
 from sharing_plugin.gpus.inventory import GpuUuid
 from sharing_plugin.usage.model import UsageReport
 
-DEFAULT_AFTER_S = 60.0
-
 
 @dataclass(frozen=True, slots=True)
 class PodOnDevice:
@@ -85,7 +83,7 @@ def pods_on_shared_devices(report: UsageReport) -> list[PodOnDevice]:
 class OverShareTracker:
     """Remembers since when each pod has been over its share; see the module doc."""
 
-    def __init__(self, *, after_s: float = DEFAULT_AFTER_S) -> None:
+    def __init__(self, *, after_s: float) -> None:
         self.after_s = after_s
         self._since: dict[tuple[str, str, str], float] = {}
         self._reported: set[tuple[str, str, str]] = set()
