@@ -86,7 +86,9 @@ class PlanConsumer(Protocol):
     """What a serving command does with the pipeline's values (called under its lock)."""
 
     def check(self, applied: Applied) -> None:
-        """Raise PlanError if this plan cannot be served (nothing has changed yet)."""
+        """Raise PlanError if this plan cannot be served: the config is then rejected and the
+        consumer keeps serving the last one. Nothing of the consumer's has changed yet; the
+        pipeline's MIG step has already run (the plan is of the node it made)."""
 
     async def apply(self, applied: Applied) -> Served:
         """Serve `applied` (a new config, or the last good one on a changed node)."""

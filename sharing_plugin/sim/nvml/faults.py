@@ -27,6 +27,7 @@ from asyncinotify import Inotify, Mask
 
 from sharing_plugin.nvml.api import DeviceHandle
 from sharing_plugin.sim.nvml.node import Fault, read_faults
+from sharing_plugin.sim.nvml.workload import file_stamp
 
 log = logging.getLogger(__name__)
 
@@ -114,7 +115,7 @@ class FaultFeed:
         self._seen = len(initial)
         self._deliver = deliver
         self._lock = threading.Lock()
-        self._stamp = self._file_stamp()
+        self._stamp = file_stamp(self._path)
         self._users_lock = threading.Lock()
         self._users = 0
         self._stop: _Stop | None = None  # the running watcher's
@@ -159,7 +160,7 @@ class FaultFeed:
             self._deliver(fault)
 
     def _new_faults(self) -> tuple[Fault, ...]:
-        stamp = self._file_stamp()
+        stamp = file_stamp(self._path)
         with self._lock:
             if stamp == self._stamp:
                 return ()
@@ -170,13 +171,6 @@ class FaultFeed:
             new = faults[self._seen :] if len(faults) >= self._seen else ()
             self._seen = len(faults)  # a shortened list is a rewrite, not new faults
         return new
-
-    def _file_stamp(self) -> tuple[int, int] | None:
-        try:
-            st = self._path.stat()
-        except OSError:
-            return None
-        return (st.st_mtime_ns, st.st_size)
 
     def _watch(self, inotify: Inotify, stop: _Stop) -> None:
         # The parent directory is watched, not the file: editors and ConfigMap updates replace

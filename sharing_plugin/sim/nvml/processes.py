@@ -30,7 +30,7 @@ import pynvml
 
 from sharing_plugin.sim.nvml.node import LoadedNode, parse_instance
 from sharing_plugin.sim.nvml.state import NO_ID, SimComputeInstance, SimGpu, nvml_error
-from sharing_plugin.sim.nvml.workload import Process, read_processes
+from sharing_plugin.sim.nvml.workload import Process, file_stamp, read_processes
 
 Placed = tuple[Process, SimGpu, SimComputeInstance | None]
 
@@ -44,7 +44,7 @@ class SimProcesses:
         self._processes = node.description.processes
         self.lacks = frozenset(node.description.driver_lacks)
         self._lock = threading.Lock()
-        self._stamp = self._file_stamp()
+        self._stamp = file_stamp(self._path)
         self.queries = 0  # running-process calls answered: what tests count NVML passes by
         self._placed_for: tuple[tuple[Process, ...], object] | None = None
         self._placed_by: dict[int, list[Placed]] = {}
@@ -139,22 +139,13 @@ class SimProcesses:
     def _current(self) -> tuple[Process, ...]:
         if self._path is None:
             return self._processes
-        stamp = self._file_stamp()
+        stamp = file_stamp(self._path)
         with self._lock:
             if stamp != self._stamp:
                 processes = read_processes(self._path)
                 if processes is not None:  # half-written: look again at the next call
                     self._processes, self._stamp = processes, stamp
             return self._processes
-
-    def _file_stamp(self) -> tuple[int, int] | None:
-        if self._path is None:
-            return None
-        try:
-            st = self._path.stat()
-        except OSError:
-            return None
-        return (st.st_mtime_ns, st.st_size)
 
 
 def _instance(gpu: SimGpu, text: str) -> SimComputeInstance | None:

@@ -39,6 +39,7 @@ from sharing_plugin.sim.nvml.state import (
     build_gpus,
     nvml_error,
 )
+from sharing_plugin.sim.nvml.workload import file_stamp
 
 log = logging.getLogger(__name__)
 
@@ -98,7 +99,7 @@ class SimulatedNvml(SimMigOps):
         self._event_sets: list[SimEventSet] = []
         self._node_path = node.path
         self._driver_loaded = node.description.driver_loaded
-        self._driver_stamp = _file_stamp(node.path)
+        self._driver_stamp = file_stamp(node.path)
         for fault in node.description.faults:
             if fault.lost is not None:
                 self._set_lost(fault)  # lost GPUs are state; earlier Xids are history
@@ -197,7 +198,7 @@ class SimulatedNvml(SimMigOps):
     def _follow_driver(self) -> None:
         """`driverLoaded` as the node file says now: each nvmlInit looks (a stat, and a read
         only when the file changed), so an edit is seen by the next init, with no watch."""
-        stamp = _file_stamp(self._node_path)
+        stamp = file_stamp(self._node_path)
         if self._node_path is None or stamp == self._driver_stamp:
             return
         loaded = read_driver_loaded(self._node_path)
@@ -403,13 +404,3 @@ def _pci_info(bus_id: str) -> pynvml.nvmlPciInfo_t:
 
 def _nothing() -> None:
     return None
-
-
-def _file_stamp(path: Path | None) -> tuple[int, int] | None:
-    if path is None:
-        return None
-    try:
-        st = path.stat()
-    except OSError:
-        return None
-    return (st.st_mtime_ns, st.st_size)

@@ -94,3 +94,14 @@ def read_entries(path: Path, key: str, model: type[Entry]) -> tuple[Entry, ...] 
 def read_processes(path: Path) -> tuple[Process, ...] | None:
     """The current `processes` list of a node file (see `read_entries`)."""
     return read_entries(path, "processes", Process)
+
+
+def file_stamp(path: Path | None) -> tuple[int, int] | None:
+    """A node file's (mtime, size), to see that it changed; None when there is none to read."""
+    if path is None:
+        return None
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return (st.st_mtime_ns, st.st_size)
