@@ -46,10 +46,10 @@ from sharing_plugin.views.dra_api import (
     DEFAULT_DRIVER,
     MAX_STRING_ATTRIBUTE,
     V1,
-    Attribute,
     Capacity,
     DeviceTaint,
     PublishedDevice,
+    device_attributes,
     device_class,
     dns_label,
     memory_quantity,
@@ -117,15 +117,14 @@ class DraDevice:
         )
 
     def published(self, taint: DeviceTaint | None = None) -> PublishedDevice:
-        attributes: dict[str, Attribute] = {
-            "resource": {"string": self.resource},
-            "uuid": {"string": self.device.physical},
-            "productName": {"string": self.product[:MAX_STRING_ATTRIBUTE]},
-            "sharing": {"string": self.sharing},
-            "index": {"int": self.gpu_index},
-        }
-        if self.mig_profile is not None:
-            attributes["migProfile"] = {"string": self.mig_profile}
+        attributes = device_attributes(
+            resource=self.resource,
+            uuid=self.device.physical,
+            product=self.product,
+            sharing=self.sharing,
+            index=self.gpu_index,
+            mig_profile=self.mig_profile,
+        )
         if self.shares is None and self.device.replica is not None:
             attributes["replica"] = {"int": self.device.replica}
         return PublishedDevice(

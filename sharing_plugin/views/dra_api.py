@@ -90,6 +90,28 @@ def quantity_mib(text: str) -> int | None:
     return None if found is None else found >> 20
 
 
+def device_attributes(
+    *,
+    resource: str,
+    uuid: str,
+    product: str,
+    sharing: str,
+    index: int,
+    mig_profile: str | None = None,
+) -> dict[str, Attribute]:
+    """The attributes every device of the pool carries (docs/contract.md, "Devices")."""
+    attributes: dict[str, Attribute] = {
+        "resource": {"string": resource},
+        "uuid": {"string": uuid},
+        "productName": {"string": product[:MAX_STRING_ATTRIBUTE]},
+        "sharing": {"string": sharing},
+        "index": {"int": index},
+    }
+    if mig_profile is not None:
+        attributes["migProfile"] = {"string": mig_profile}
+    return attributes
+
+
 @dataclass(frozen=True, slots=True)
 class Capacity:
     """A device capacity: its value and, for consumable capacity, its request policy.

@@ -36,12 +36,11 @@ from sharing_plugin.mig.layout import MigInstance
 from sharing_plugin.mig.select import select_layouts
 from sharing_plugin.plan.build import profile_resource_name
 from sharing_plugin.views.dra_api import (
-    MAX_STRING_ATTRIBUTE,
-    Attribute,
     Capacity,
     CounterSet,
     DeviceTaint,
     PublishedDevice,
+    device_attributes,
     dns_label,
     memory_quantity,
 )
@@ -159,15 +158,15 @@ def _published(
 ) -> PublishedDevice:
     """One placement's device (kept: the pool is computed again at every change, and a node
     has a few hundred placements that rarely change; shared, so never to be changed)."""
-    attributes: dict[str, Attribute] = {
-        "resource": {"string": resource},
-        "uuid": {"string": gpu_uuid},
-        "productName": {"string": product[:MAX_STRING_ATTRIBUTE]},
-        "sharing": {"string": "none"},
-        "index": {"int": index},
-        "migProfile": {"string": spec.name},
-        MIG_START: {"int": start},
-    }
+    attributes = device_attributes(
+        resource=resource,
+        uuid=gpu_uuid,
+        product=product,
+        sharing="none",
+        index=index,
+        mig_profile=spec.name,
+    )
+    attributes[MIG_START] = {"int": start}
     return PublishedDevice(
         name=placement_name(gpu_uuid, spec.name, start),
         attributes=attributes,
