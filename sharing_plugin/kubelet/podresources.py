@@ -22,6 +22,7 @@ from sharing_plugin.kubelet.api.constants import KUBELET_SOCKET, POD_RESOURCES_D
 from sharing_plugin.kubelet.api.podresources.v1 import api_pb2 as pr
 from sharing_plugin.kubelet.api.podresources.v1 import api_pb2_grpc as pr_grpc
 from sharing_plugin.kubelet.recording import PodResourcesRecorder
+from sharing_plugin.mig.desired import Holder
 from sharing_plugin.usage.model import HeldReplica
 from sharing_plugin.usage.model import Holder as Container
 
@@ -31,8 +32,6 @@ log = logging.getLogger(__name__)
 # with many pods answers more than gRPC's default 4 MiB client limit.
 MAX_RECEIVE_BYTES = 16 * 1024 * 1024
 CALL_TIMEOUT_S = 2.0
-
-Holder = tuple[str, str, str]  # namespace, pod, container
 
 
 class PodResourcesClient:
@@ -46,27 +45,21 @@ class PodResourcesClient:
 
     async def held_devices(self) -> dict[str, frozenset[str]] | None:
         """Resource name -> device IDs any pod holds; None when kubelet cannot tell."""
-        response = await self._list()
-        if response is None:
+        replicas = await self.held_replicas()
+        if replicas is None:
             return None
         held: dict[str, set[str]] = {}
-        for pod in response.pod_resources:
-            for container in pod.containers:
-                for entry in container.devices:
-                    held.setdefault(entry.resource_name, set()).update(entry.device_ids)
+        for r in replicas:
+            held.setdefault(r.resource, set()).add(r.device_id)
         return {name: frozenset(ids) for name, ids in held.items()}
 
     async def held_by(self) -> dict[str, Holder] | None:
         """Device ID -> (namespace, pod, container) holding it; None when kubelet cannot tell."""
-        response = await self._list()
-        if response is None:
+        replicas = await self.held_replicas()
+        if replicas is None:
             return None
         return {
-            device_id: (pod.namespace, pod.name, container.name)
-            for pod in response.pod_resources
-            for container in pod.containers
-            for entry in container.devices
-            for device_id in entry.device_ids
+            r.device_id: (r.holder.namespace, r.holder.pod, r.holder.container) for r in replicas
         }
 
     async def held_replicas(self) -> list[HeldReplica] | None:
