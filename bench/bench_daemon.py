@@ -66,8 +66,9 @@ from plugin_process import PluginProcess  # noqa: E402
 
 from sharing_plugin.backends import backend_from_spec  # noqa: E402
 from sharing_plugin.config.names import DEFAULT_CONFIG_LABEL as DEFAULT_LABEL  # noqa: E402
-from sharing_plugin.daemon.app import Daemon  # noqa: E402
-from sharing_plugin.daemon.options import RunOptions, SourceOptions  # noqa: E402
+from sharing_plugin.daemon.node.options import SourceOptions  # noqa: E402
+from sharing_plugin.daemon.run.app import Daemon  # noqa: E402
+from sharing_plugin.daemon.run.options import RunOptions  # noqa: E402
 from sharing_plugin.sim.kubelet.simulator import KubeletSimulator  # noqa: E402
 from sharing_plugin.sources.kube import client_from_kubeconfig  # noqa: E402
 

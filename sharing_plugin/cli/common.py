@@ -18,7 +18,7 @@ from sharing_plugin.config.names import DEFAULT_CONFIG_LABEL
 if TYPE_CHECKING:
     import asyncio
 
-    from sharing_plugin.daemon.options import SourceOptions
+    from sharing_plugin.daemon.node.options import SourceOptions
 
 EXIT_OK = 0
 EXIT_INVALID = 1
@@ -72,7 +72,7 @@ LOG_FLAGS: tuple[Flag, ...] = (
 
 def source_options(args: argparse.Namespace) -> SourceOptions:
     """The config sources, GPUs and node of a serving command; ValueError for a bad value."""
-    from sharing_plugin.daemon.options import SourceOptions
+    from sharing_plugin.daemon.node.options import SourceOptions
     from sharing_plugin.sources.apiconfig import parse_config_map_ref
 
     return SourceOptions(
@@ -88,7 +88,7 @@ def source_options(args: argparse.Namespace) -> SourceOptions:
 
 def check_log_flags(args: argparse.Namespace) -> None:
     """ValueError for a `--log-format` or `--log-level` that does not exist."""
-    from sharing_plugin.daemon.logs import parse_log_level
+    from sharing_plugin.daemon.node.logs import parse_log_level
 
     if args.log_format not in ("text", "json"):
         raise ValueError(f"--log-format must be text or json (got {args.log_format!r})")
@@ -217,8 +217,8 @@ def serve_command(
     """A serving command from its arguments to its exit code: options (a bad value is a usage
     error, exit 2), logging, `check` (paths the service could never use), then the service
     until a signal stops it; a `SharingPluginError` that ends it is logged and exits 1."""
-    from sharing_plugin.daemon.logs import configure as configure_logging
-    from sharing_plugin.daemon.logs import parse_log_level
+    from sharing_plugin.daemon.node.logs import configure as configure_logging
+    from sharing_plugin.daemon.node.logs import parse_log_level
     from sharing_plugin.errors import SharingPluginError
 
     try:

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 from sharing_plugin.cli.common import EXIT_OK
 
 if TYPE_CHECKING:
-    from sharing_plugin.daemon.app import Daemon
+    from sharing_plugin.daemon.run.app import Daemon
     from sharing_plugin.sim.kubelet.simulator import KubeletSimulator
 
 DEMO_PRESET = "dgx-a100-80gb"
@@ -41,13 +41,13 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     import asyncio
     import signal
 
-    from sharing_plugin.daemon.logs import configure as configure_logging
+    from sharing_plugin.daemon.node.logs import configure as configure_logging
 
     configure_logging("text", level=logging.WARNING)
     # The simulated kubelet warns, as kubelet does, when our stream ends at shutdown: expected.
     logging.getLogger("sharing_plugin.sim.kubelet.endpoint").setLevel(logging.ERROR)
     # The demo prints rejected configs itself.
-    logging.getLogger("sharing_plugin.daemon.report").setLevel(logging.CRITICAL)
+    logging.getLogger("sharing_plugin.daemon.node.report").setLevel(logging.CRITICAL)
 
     async def demo() -> int:
         loop = asyncio.get_running_loop()
@@ -70,8 +70,9 @@ async def run_demo(*, once: bool, say: Print = print, workdir: Path | None = Non
     import tempfile
     from importlib import resources
 
-    from sharing_plugin.daemon.app import Daemon
-    from sharing_plugin.daemon.options import RunOptions, SourceOptions
+    from sharing_plugin.daemon.node.options import SourceOptions
+    from sharing_plugin.daemon.run.app import Daemon
+    from sharing_plugin.daemon.run.options import RunOptions
     from sharing_plugin.sim.kubelet.simulator import KubeletSimulator
     from sharing_plugin.sim.nvml.simulated import SimulatedNvml
 
@@ -162,7 +163,7 @@ async def _sample_pod(kubelet: KubeletSimulator, say: Print) -> None:
 async def _follow(kubelet: KubeletSimulator, daemon: Daemon, say: Print) -> None:
     import asyncio
 
-    from sharing_plugin.daemon.outcome import Rejected
+    from sharing_plugin.daemon.node.outcome import Rejected
 
     shown = _snapshot(kubelet)
     stopped = asyncio.ensure_future(daemon.wait_stopped())

@@ -22,7 +22,7 @@ from sharing_plugin.cli.common import (
 )
 
 if TYPE_CHECKING:
-    from sharing_plugin.daemon.dra import DraDaemon, DraOptions
+    from sharing_plugin.daemon.run_dra.driver import DraDaemon, DraOptions
 
 DRA_FLAGS: tuple[Flag, ...] = (
     DRIVER_FLAG,
@@ -50,8 +50,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def dra_options(args: argparse.Namespace) -> DraOptions:
-    from sharing_plugin.daemon.dra import DraOptions
-    from sharing_plugin.daemon.health_monitor import HealthEnv
+    from sharing_plugin.daemon.node.health_monitor import HealthEnv
+    from sharing_plugin.daemon.run_dra.driver import DraOptions
     from sharing_plugin.observability.http_server import parse_metrics_address
 
     if not args.node_name:
@@ -71,7 +71,7 @@ def dra_options(args: argparse.Namespace) -> DraOptions:
 
 def _daemon(options: DraOptions) -> DraDaemon:
     from sharing_plugin.backends import backend_from_spec
-    from sharing_plugin.daemon.dra import DraDaemon
+    from sharing_plugin.daemon.run_dra.driver import DraDaemon
 
     return DraDaemon(options, nvml=backend_from_spec(options.source.gpus))
 

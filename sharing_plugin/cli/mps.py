@@ -18,7 +18,7 @@ from sharing_plugin.cli.common import (
 )
 
 if TYPE_CHECKING:
-    from sharing_plugin.daemon.mps import MpsController, MpsControlOptions
+    from sharing_plugin.daemon.mps_control.controller import MpsController, MpsControlOptions
 
 MPS_FLAGS: tuple[Flag, ...] = (
     (
@@ -51,7 +51,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def mps_options(args: argparse.Namespace) -> MpsControlOptions:
-    from sharing_plugin.daemon.mps import MpsControlOptions
+    from sharing_plugin.daemon.mps_control.controller import MpsControlOptions
 
     if not args.mps_control_bin:
         raise ValueError("--mps-control-bin must name a binary")
@@ -67,7 +67,7 @@ def mps_options(args: argparse.Namespace) -> MpsControlOptions:
 
 def _controller(options: MpsControlOptions) -> MpsController:
     from sharing_plugin.backends import backend_from_spec
-    from sharing_plugin.daemon.mps import MpsController
+    from sharing_plugin.daemon.mps_control.controller import MpsController
     from sharing_plugin.mps import ControlBinary
 
     return MpsController(

@@ -20,8 +20,8 @@ from sharing_plugin.cli.common import (
 )
 
 if TYPE_CHECKING:
-    from sharing_plugin.daemon.app import Daemon
-    from sharing_plugin.daemon.options import RunOptions
+    from sharing_plugin.daemon.run.app import Daemon
+    from sharing_plugin.daemon.run.options import RunOptions
 
 RUN_FLAGS: tuple[Flag, ...] = (
     ("--node-status", "NODE_STATUS", "on", "on or off: events and config state on the Node"),
@@ -41,8 +41,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def run_options(args: argparse.Namespace) -> RunOptions:
-    from sharing_plugin.daemon.health_monitor import HealthEnv
-    from sharing_plugin.daemon.options import NodeReportOptions, RunOptions
+    from sharing_plugin.daemon.node.health_monitor import HealthEnv
+    from sharing_plugin.daemon.node.options import NodeReportOptions
+    from sharing_plugin.daemon.run.options import RunOptions
     from sharing_plugin.observability.http_server import parse_metrics_address
 
     return RunOptions(
@@ -61,7 +62,7 @@ def run_options(args: argparse.Namespace) -> RunOptions:
 
 def _daemon(options: RunOptions) -> Daemon:
     from sharing_plugin.backends import backend_from_spec
-    from sharing_plugin.daemon.app import Daemon
+    from sharing_plugin.daemon.run.app import Daemon
 
     return Daemon(options, nvml=backend_from_spec(options.source.gpus))
 

@@ -12,8 +12,9 @@ from typing import Any
 import yaml_fast
 
 from sharing_plugin.backends import backend_from_spec
-from sharing_plugin.daemon.app import Daemon
-from sharing_plugin.daemon.options import NodeReportOptions, RunOptions, SourceOptions
+from sharing_plugin.daemon.node.options import NodeReportOptions, SourceOptions
+from sharing_plugin.daemon.run.app import Daemon
+from sharing_plugin.daemon.run.options import RunOptions
 from sharing_plugin.sim.kubelet.simulator import KubeletSimulator
 
 

@@ -15,9 +15,9 @@ from support.dra.allocator import allocate, allocated_devices
 from support.dra.kubelet import DraKubeletSimulator, PreparedAnswer
 
 from sharing_plugin.backends import backend_from_spec
-from sharing_plugin.daemon.dra import DraDaemon, DraOptions
-from sharing_plugin.daemon.dra_pool import PoolKeeper
-from sharing_plugin.daemon.options import SourceOptions
+from sharing_plugin.daemon.node.options import SourceOptions
+from sharing_plugin.daemon.run_dra.driver import DraDaemon, DraOptions
+from sharing_plugin.daemon.run_dra.pool import PoolKeeper
 from sharing_plugin.dra.claims import ClaimRef
 from sharing_plugin.views.dra_api import PublishedDevice, device_class, device_class_name
 

@@ -18,9 +18,9 @@ from typing import Any
 from support.mps import alive, pid_of
 
 from sharing_plugin.backends import backend_from_spec
-from sharing_plugin.daemon.mps import MpsController, MpsControlOptions
-from sharing_plugin.daemon.mps_keeper import KeeperTiming
-from sharing_plugin.daemon.options import SourceOptions
+from sharing_plugin.daemon.mps_control.controller import MpsController, MpsControlOptions
+from sharing_plugin.daemon.mps_control.keeper import KeeperTiming
+from sharing_plugin.daemon.node.options import SourceOptions
 from sharing_plugin.mps import ControlBinary, DaemonRecord, read_record
 
 # Two GPUs of different memory, so "memory / replicas" is checked per device.

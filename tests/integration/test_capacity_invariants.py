@@ -41,7 +41,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from sharing_plugin.backends import backend_from_spec
-from sharing_plugin.daemon.app import Daemon
+from sharing_plugin.daemon.run.app import Daemon
 from sharing_plugin.nvml.discover import discover
 from sharing_plugin.sim.kubelet.simulator import AdmissionError, KubeletSimulator
 

@@ -18,7 +18,7 @@ from daemon_harness import Running, eventually, run_options, running
 from prometheus_client.parser import text_string_to_metric_families
 
 from sharing_plugin.backends import backend_from_spec
-from sharing_plugin.daemon.app import Daemon
+from sharing_plugin.daemon.run.app import Daemon
 from sharing_plugin.sim.kubelet.simulator import AdmissionError, KubeletSimulator
 
 GPU = "nvidia.com/gpu"

@@ -9,7 +9,7 @@ import pytest
 from daemon_harness import eventually, node_file, run_options, running
 
 from sharing_plugin.backends import backend_from_spec
-from sharing_plugin.daemon.app import Daemon
+from sharing_plugin.daemon.run.app import Daemon
 from sharing_plugin.nvml.discover import discover
 from sharing_plugin.plan import plan
 from sharing_plugin.sim.kubelet.simulator import KubeletSimulator

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from daemon_harness import Running, append_fault, node_file, running
 
-from sharing_plugin.daemon.health_monitor import HealthEnv
+from sharing_plugin.daemon.node.health_monitor import HealthEnv
 from sharing_plugin.sim.kubelet.admission import AdmissionError
 
 GPU = "nvidia.com/gpu"

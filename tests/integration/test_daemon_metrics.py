@@ -8,7 +8,7 @@ from daemon_harness import eventually, running
 from prometheus_client.parser import text_string_to_metric_families
 
 from sharing_plugin import installed_version
-from sharing_plugin.daemon.app import Daemon
+from sharing_plugin.daemon.run.app import Daemon
 
 TIME_SLICING = """\
 version: v1

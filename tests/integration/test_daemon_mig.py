@@ -16,7 +16,7 @@ import pytest
 from daemon_harness import Running, running
 
 from sharing_plugin.cli import main
-from sharing_plugin.daemon.outcome import Applied
+from sharing_plugin.daemon.node.outcome import Applied
 from sharing_plugin.nvml.discover import discover
 from sharing_plugin.sim.nvml.simulated import SimulatedNvml
 from sharing_plugin.sources.update import Trigger

@@ -23,7 +23,7 @@ async def test_notes_are_logged_at_info_once_per_config(
     notes = [
         r
         for r in caplog.records
-        if r.name == "sharing_plugin.daemon.pipeline" and r.getMessage().startswith("config: ")
+        if r.name == "sharing_plugin.daemon.node.pipeline" and r.getMessage().startswith("config: ")
     ]
     assert [(r.levelno, r.getMessage().split(": honoured here")[0]) for r in notes] == [
         (logging.INFO, "config: sharing.timeSlicing.resources[0].rename")

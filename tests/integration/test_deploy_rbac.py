@@ -31,7 +31,7 @@ from kustomize_render import daemonset_env
 from kustomize_render import render as kustomize_render
 
 from sharing_plugin.cli import run as run_command
-from sharing_plugin.daemon.options import RunOptions
+from sharing_plugin.daemon.run.options import RunOptions
 from sharing_plugin.observability.nodestatus import STATE_LABEL
 from sharing_plugin.sources.kube import client_from_kubeconfig
 

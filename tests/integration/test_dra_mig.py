@@ -339,7 +339,7 @@ async def test_an_xid_on_a_claims_new_mig_device_is_that_devices_alone(short_dir
     spec = f"simulated:{path}"
     first, second = (g.uuid for g in discover(backend_from_spec(spec)).gpus)
     watches = _Watches()
-    logger = logging.getLogger("sharing_plugin.daemon.health_monitor")
+    logger = logging.getLogger("sharing_plugin.daemon.node.health_monitor")
     level = logger.level
     logger.setLevel(logging.INFO)  # the line counted is logged at INFO
     logger.addHandler(watches)

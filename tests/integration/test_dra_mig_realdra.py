@@ -15,8 +15,8 @@ import pytest
 import realdra
 
 from sharing_plugin.backends import backend_from_spec
-from sharing_plugin.daemon.dra import DraDaemon, DraOptions
-from sharing_plugin.daemon.options import SourceOptions
+from sharing_plugin.daemon.node.options import SourceOptions
+from sharing_plugin.daemon.run_dra.driver import DraDaemon, DraOptions
 from sharing_plugin.nvml.discover import discover
 from sharing_plugin.nvml.mig_ops import create_compute_instance, create_gpu_instance
 

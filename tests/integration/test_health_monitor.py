@@ -11,7 +11,7 @@ from dataclasses import dataclass, field, replace
 import pytest
 
 from sharing_plugin.config.model import Config, Health
-from sharing_plugin.daemon.health_monitor import (
+from sharing_plugin.daemon.node.health_monitor import (
     HealthEnv,
     HealthMonitor,
     HealthSettings,

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from sharing_plugin.config.model import Config
-from sharing_plugin.daemon.mig import MigReconciler
+from sharing_plugin.daemon.node.mig import MigReconciler
 from sharing_plugin.mig.desired import RESET_NEEDED
 from sharing_plugin.mig.state import MigState
 from sharing_plugin.nvml.discover import discover

@@ -22,7 +22,7 @@ from dra_harness import NODE, dra_running
 from kube_api import FakeKubeApi
 from plugin_process import PluginProcess
 
-from sharing_plugin.daemon.outcome import Rejected
+from sharing_plugin.daemon.node.outcome import Rejected
 from sharing_plugin.sources.kube import client_from_kubeconfig
 
 SHARED = (

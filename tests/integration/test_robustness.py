@@ -20,8 +20,8 @@ from k8s_fake import ConfigMapVolume
 
 from sharing_plugin.backends import backend_from_spec
 from sharing_plugin.config.loader import parse_configs
-from sharing_plugin.daemon.app import Daemon
-from sharing_plugin.daemon.outcome import Rejected
+from sharing_plugin.daemon.node.outcome import Rejected
+from sharing_plugin.daemon.run.app import Daemon
 from sharing_plugin.errors import ConfigError, KubeApiError
 from sharing_plugin.sim.kubelet.simulator import KubeletSimulator
 from sharing_plugin.sources.kube import client_from_environment

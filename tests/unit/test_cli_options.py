@@ -12,7 +12,7 @@ import pytest
 import sharing_plugin
 from sharing_plugin.cli import main
 from sharing_plugin.cli.run import check_socket_paths as _check_socket_paths
-from sharing_plugin.daemon.logs import parse_log_level
+from sharing_plugin.daemon.node.logs import parse_log_level
 from sharing_plugin.errors import KubeletError
 
 

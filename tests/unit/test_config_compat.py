@@ -20,7 +20,7 @@ from sharing_plugin.config.model import (
     DeviceDiscoveryStrategy,
     EventType,
 )
-from sharing_plugin.daemon.health_monitor import HealthEnv
+from sharing_plugin.daemon.node.health_monitor import HealthEnv
 from sharing_plugin.errors import ConfigError
 
 XID, DBE, SBE = (e.value for e in EventType)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from sharing_plugin.daemon.dra_conflicts import conflict_message, served_by_a_device_plugin
+from sharing_plugin.daemon.run_dra.conflicts import conflict_message, served_by_a_device_plugin
 
 
 def test_only_names_with_a_count_above_zero_are_served() -> None:

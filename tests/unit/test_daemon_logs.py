@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from sharing_plugin.daemon import logs
+from sharing_plugin.daemon.node import logs
 
 
 def record(msg: str = "hello %s", *args: object, **extra: object) -> logging.LogRecord:
@@ -63,7 +63,7 @@ def test_third_party_info_is_quiet_but_warnings_show(capsys: pytest.CaptureFixtu
     for name in ("grpc", "asyncio", "httpx2", "httpcore", "asyncinotify", "watchfiles.main"):
         logging.getLogger(name).info("%s chatter", name)
     logging.getLogger("httpx2").warning("a real problem")
-    logging.getLogger("sharing_plugin.daemon.app").info("ours")
+    logging.getLogger("sharing_plugin.daemon.run.app").info("ours")
     err = capsys.readouterr().err
     assert "chatter" not in err
     assert "a real problem" in err and "ours" in err

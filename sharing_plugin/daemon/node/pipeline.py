@@ -27,16 +27,16 @@ from typing import TYPE_CHECKING, Protocol
 
 from sharing_plugin.config.loader import LoadedConfig
 from sharing_plugin.config.model import Config
-from sharing_plugin.daemon.discovery import GpuDiscovery
-from sharing_plugin.daemon.health_monitor import HealthEnv, HealthMonitor
-from sharing_plugin.daemon.kube import ConfigFeed, api_client, config_feed
-from sharing_plugin.daemon.labels import LabelPublisher
-from sharing_plugin.daemon.layouts import MigLayouts
-from sharing_plugin.daemon.mig import MigReconciler
-from sharing_plugin.daemon.options import NodeReportOptions, SourceOptions
-from sharing_plugin.daemon.outcome import Applied, Outcome, Outcomes, Rejected, Served
-from sharing_plugin.daemon.report import NodeReport, Reports
-from sharing_plugin.daemon.tasks import TaskOwner
+from sharing_plugin.daemon.node.discovery import GpuDiscovery
+from sharing_plugin.daemon.node.health_monitor import HealthEnv, HealthMonitor
+from sharing_plugin.daemon.node.kube import ConfigFeed, api_client, config_feed
+from sharing_plugin.daemon.node.labels import LabelPublisher
+from sharing_plugin.daemon.node.layouts import MigLayouts
+from sharing_plugin.daemon.node.mig import MigReconciler
+from sharing_plugin.daemon.node.options import NodeReportOptions, SourceOptions
+from sharing_plugin.daemon.node.outcome import Applied, Outcome, Outcomes, Rejected, Served
+from sharing_plugin.daemon.node.report import NodeReport, Reports
+from sharing_plugin.daemon.node.tasks import TaskOwner
 from sharing_plugin.errors import PlanError, Problem, SharingPluginError, StartupError
 from sharing_plugin.gpus.health_tracker import Fault
 from sharing_plugin.gpus.inventory import Inventory

@@ -24,7 +24,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from sharing_plugin.daemon.mig import make_mig_device, mig_operation
+from sharing_plugin.daemon.node.mig import make_mig_device, mig_operation
 from sharing_plugin.dra.checkpoint import PreparedClaim
 from sharing_plugin.dra.partitions import MadeInstance
 from sharing_plugin.errors import NvmlError
@@ -39,7 +39,7 @@ from sharing_plugin.observability.metrics import Metrics
 from sharing_plugin.views.dra_mig import Placement, PlacementRef, published_placement
 
 if TYPE_CHECKING:
-    from sharing_plugin.daemon.pipeline import NodePipeline
+    from sharing_plugin.daemon.node.pipeline import NodePipeline
 
 log = logging.getLogger(__name__)
 

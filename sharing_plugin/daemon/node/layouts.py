@@ -19,8 +19,8 @@ import logging
 from collections.abc import Awaitable, Callable, Mapping
 
 from sharing_plugin.config.model import Config
-from sharing_plugin.daemon.mig import MigReconciler
-from sharing_plugin.daemon.tasks import TaskOwner
+from sharing_plugin.daemon.node.mig import MigReconciler
+from sharing_plugin.daemon.node.tasks import TaskOwner
 from sharing_plugin.errors import PlanError, Problem
 from sharing_plugin.gpus.inventory import Inventory
 from sharing_plugin.mig.desired import Holder

@@ -12,7 +12,7 @@ import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
-from sharing_plugin.daemon.options import SourceOptions
+from sharing_plugin.daemon.node.options import SourceOptions
 from sharing_plugin.sources.filewatch import ConfigSource
 from sharing_plugin.sources.update import ConfigUpdate, Trigger
 

@@ -23,13 +23,13 @@ from collections.abc import Collection
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from sharing_plugin.daemon.mps_gate import MpsGate
-from sharing_plugin.daemon.options import RunOptions
-from sharing_plugin.daemon.outcome import Applied, Served
-from sharing_plugin.daemon.pipeline import PipelineFeatures
-from sharing_plugin.daemon.service import ObservedService
-from sharing_plugin.daemon.supervisor import Supervisor
-from sharing_plugin.daemon.usage import UsageMonitor
+from sharing_plugin.daemon.node.outcome import Applied, Served
+from sharing_plugin.daemon.node.pipeline import PipelineFeatures
+from sharing_plugin.daemon.node.service import ObservedService
+from sharing_plugin.daemon.run.mps_gate import MpsGate
+from sharing_plugin.daemon.run.options import RunOptions
+from sharing_plugin.daemon.run.supervisor import Supervisor
+from sharing_plugin.daemon.run.usage import UsageMonitor
 from sharing_plugin.kubelet.podresources import PodResourcesClient
 from sharing_plugin.kubelet.server import AllocateContext
 from sharing_plugin.kubelet.watch import KubeletWatcher

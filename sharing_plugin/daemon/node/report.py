@@ -15,7 +15,7 @@ import logging
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
-from sharing_plugin.daemon.outcome import Applied, Rejected
+from sharing_plugin.daemon.node.outcome import Applied, Rejected
 from sharing_plugin.gpus.inventory import Inventory
 from sharing_plugin.mig.state import GpuMigState, MigState
 from sharing_plugin.observability.metrics import Metrics

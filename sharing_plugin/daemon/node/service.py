@@ -13,11 +13,11 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
-from sharing_plugin.daemon.options import SourceOptions
-from sharing_plugin.daemon.outcome import Applied, Served
-from sharing_plugin.daemon.pipeline import NO_FEATURES, NodePipeline, PipelineFeatures
-from sharing_plugin.daemon.report import Reports
-from sharing_plugin.daemon.tasks import Service, TaskOwner
+from sharing_plugin.daemon.node.options import SourceOptions
+from sharing_plugin.daemon.node.outcome import Applied, Served
+from sharing_plugin.daemon.node.pipeline import NO_FEATURES, NodePipeline, PipelineFeatures
+from sharing_plugin.daemon.node.report import Reports
+from sharing_plugin.daemon.node.tasks import Service, TaskOwner
 from sharing_plugin.nvml.api import NvmlApi
 from sharing_plugin.observability.http_server import MetricsServer
 from sharing_plugin.observability.metrics import Metrics

@@ -23,7 +23,7 @@ goes away.
 Declared MIG layouts (`partitioning.mig` with `profiles`) are applied as `run` applies them,
 with "held" meaning the GPU and MIG devices prepared claims hold. A dynamic entry's GPUs are
 published as partitionable devices (`views/dra_mig.py`) and their instances made and destroyed
-per claim (`daemon/dra_mig.py`); that needs resource.k8s.io/v1.
+per claim (`daemon/run_dra/mig.py`); that needs resource.k8s.io/v1.
 """
 
 from __future__ import annotations
@@ -35,18 +35,18 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from sharing_plugin.config.base import SharedDevices
-from sharing_plugin.daemon.dra_conflicts import (
+from sharing_plugin.daemon.node.health_monitor import HealthEnv
+from sharing_plugin.daemon.node.options import SourceOptions
+from sharing_plugin.daemon.node.outcome import Applied, Served
+from sharing_plugin.daemon.node.pipeline import PipelineFeatures
+from sharing_plugin.daemon.node.service import ObservedService
+from sharing_plugin.daemon.run_dra.conflicts import (
     check_no_device_plugin,
     check_no_device_plugin_serving,
 )
-from sharing_plugin.daemon.dra_features import ServerFeatures
-from sharing_plugin.daemon.dra_mig import NodePartitioner, claim_holders
-from sharing_plugin.daemon.dra_pool import PoolKeeper
-from sharing_plugin.daemon.health_monitor import HealthEnv
-from sharing_plugin.daemon.options import SourceOptions
-from sharing_plugin.daemon.outcome import Applied, Served
-from sharing_plugin.daemon.pipeline import PipelineFeatures
-from sharing_plugin.daemon.service import ObservedService
+from sharing_plugin.daemon.run_dra.features import ServerFeatures
+from sharing_plugin.daemon.run_dra.mig import NodePartitioner, claim_holders
+from sharing_plugin.daemon.run_dra.pool import PoolKeeper
 from sharing_plugin.dra.cdi import CdiSpecDir
 from sharing_plugin.dra.checkpoint import Checkpoint, checkpoint_path
 from sharing_plugin.dra.claims import ApiClaimReader

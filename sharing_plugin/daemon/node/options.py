@@ -2,20 +2,17 @@
 
 `SourceOptions` (where the config comes from, which GPUs, this node, the kubelet's directory) is
 one value shared by `run`, `run-dra` and `mps-control`, which all feed the same node pipeline.
-Each command's own options hold it and only what that command has: `run`'s (`RunOptions`, its
-node status and labels) here, `run-dra`'s driver name and CDI directory (`daemon/dra.py`
-`DraOptions`) and `mps-control`'s control binary (`daemon/mps.py` `MpsControlOptions`) beside
-the service that takes them.
+`NodeReportOptions` (what the pipeline tells the Node and NFD) is here too: the pipeline carries
+it out for whichever command asks. Each command's own options hold these and only what that
+command has, in that command's room.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from sharing_plugin.config.names import DEFAULT_CONFIG_LABEL
-from sharing_plugin.daemon.health_monitor import HealthEnv
-from sharing_plugin.kubelet.grants import RECORD_WINDOW_S
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,19 +45,3 @@ class NodeReportOptions:
     clear_labels_on_exit: bool = False
     labels_file: Path | None = None  # NFD local feature file for GFD-compatible labels
     node_labels: bool = False  # patch the same labels onto the Node
-
-
-@dataclass(frozen=True, slots=True)
-class RunOptions:
-    """Everything `sharing-plugin run` takes, resolved from flags and env vars."""
-
-    source: SourceOptions = field(default_factory=SourceOptions)
-    report: NodeReportOptions = field(default_factory=NodeReportOptions)
-    metrics_address: tuple[str, int] | None = None
-    drain_recheck_s: float = 2.0  # how often PodResources is asked while devices drain
-    # How long an Allocate grant counts as held when PodResources does not list it (see
-    # kubelet/grants.py).
-    grant_window_s: float = RECORD_WINDOW_S
-    proc_root: Path = Path("/proc")  # the host's processes, for per-pod GPU usage
-    # The reference's DP_*_HEALTHCHECKS variables, parsed once by the entry point.
-    health_env: HealthEnv = field(default_factory=HealthEnv)

@@ -27,7 +27,7 @@ import logging
 from collections.abc import Mapping
 from pathlib import Path
 
-from sharing_plugin.daemon.tasks import TaskOwner
+from sharing_plugin.daemon.node.tasks import TaskOwner
 from sharing_plugin.errors import KubeletError
 from sharing_plugin.kubelet.grants import RECORD_WINDOW_S, GrantLedger
 from sharing_plugin.kubelet.podresources import PodResourcesClient

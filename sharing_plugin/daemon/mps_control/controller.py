@@ -25,11 +25,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from sharing_plugin.daemon.mps_keeper import DaemonKeeper, KeeperTiming
-from sharing_plugin.daemon.options import SourceOptions
-from sharing_plugin.daemon.outcome import Applied, Served
-from sharing_plugin.daemon.report import Reports
-from sharing_plugin.daemon.service import NodeService
+from sharing_plugin.daemon.mps_control.keeper import DaemonKeeper, KeeperTiming
+from sharing_plugin.daemon.node.options import SourceOptions
+from sharing_plugin.daemon.node.outcome import Applied, Served
+from sharing_plugin.daemon.node.report import Reports
+from sharing_plugin.daemon.node.service import NodeService
 from sharing_plugin.dra.checkpoint import Checkpoint, checkpoint_path, held_by_resource
 from sharing_plugin.kubelet.podresources import PodResourcesClient
 from sharing_plugin.mps import MpsControl
