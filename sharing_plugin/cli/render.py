@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from sharing_plugin.config.quantity import dump_mib
 from sharing_plugin.fleet.view import FleetView, NodeStatus
 from sharing_plugin.plan.model import Plan, ResourcePlan
 
@@ -27,6 +28,7 @@ def _per_device(resource: ResourcePlan) -> list[dict[str, Any]]:
                 "numa": d.numa,
                 "replicas": 1,
                 "shared": d.shared,
+                "memoryCapMiB": d.memory_cap_mib,  # each replica's driver cap (memoryLimits)
                 "healthy": 1 if d.healthy else 0,
             }
         else:
@@ -109,13 +111,22 @@ def plan_table(
     for r in plan.resources:
         out += ["", f"{r.name} ({r.sharing.value})"]
         rows = []
-        for row in _per_device(r):
+        per_device = _per_device(r)
+        capped = any(row["memoryCapMiB"] is not None for row in per_device)
+        for row in per_device:
             kind = "MIG" if ":" in row["index"] else "GPU"
             numa = "-" if row["numa"] is None else str(row["numa"])
             replicas = str(row["replicas"]) if row["shared"] else "-"
             health = f"{row['healthy']}/{row['replicas']} healthy"
-            rows.append(("  " + f"{kind} {row['index']}", row["physical"], replicas, numa, health))
-        out += _table(("  DEVICE", "UUID", "REPLICAS", "NUMA", "HEALTH"), rows, right={2, 3})
+            cells = ["  " + f"{kind} {row['index']}", row["physical"], replicas, numa, health]
+            if capped:
+                cap = row["memoryCapMiB"]
+                cells.insert(3, "-" if cap is None else dump_mib(cap))
+            rows.append(cells)
+        headers = ["  DEVICE", "UUID", "REPLICAS", "NUMA", "HEALTH"]
+        if capped:
+            headers.insert(3, "CAP")
+        out += _table(headers, rows, right={2, 3, 4} if capped else {2, 3})
     if mig:
         out += ["", "MIG layout:", *(f"  {line}" for line in mig)]
     all_warnings = [*warnings, *plan.warnings]

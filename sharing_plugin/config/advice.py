@@ -142,6 +142,13 @@ def config_notes(config: Config) -> list[str]:
     return notes
 
 
+MIG_RESOURCE_PREFIX = "nvidia.com/mig-"
+MIG_REPLICAS_UNCAPPED = (
+    "{path}: memoryLimits cannot cap replicas of a MIG device (the driver caps memory on whole "
+    "GPUs only): its replicas share the MIG device's memory uncapped"
+)
+
+
 def config_warnings(config: Config) -> list[str]:
     """Things that are valid but probably not what the admin meant, or have no effect here."""
     warnings: list[str] = []
@@ -177,6 +184,10 @@ def config_warnings(config: Config) -> list[str]:
                 warnings.append(
                     f"sharing.{section}.resources[{j}].replicas: 1 means not shared "
                     "(each device is advertised once)"
+                )
+            if config.memory_limits.on and entry.name.startswith(MIG_RESOURCE_PREFIX):
+                warnings.append(
+                    MIG_REPLICAS_UNCAPPED.format(path=f"sharing.{section}.resources[{j}]")
                 )
     # A dynamic entry's placements are published whatever the strategy (run-dra only).
     fixed = [m for m in config.partitioning.mig if not m.dynamic] if config.partitioning else []

@@ -58,6 +58,7 @@ from sharing_plugin.config.devices import (
     ProductRef,
     UuidRef,
 )
+from sharing_plugin.config.memory import Enforcement, MemoryLimits
 from sharing_plugin.config.names import check_pattern
 from sharing_plugin.config.options import Flags, GfdFlags, Health, Imex, PluginFlags
 from sharing_plugin.config.quantity import MemoryMiB
@@ -74,12 +75,14 @@ __all__ = [
     "DeviceRef",
     "DeviceSelection",
     "Dra",
+    "Enforcement",
     "EventType",
     "Flags",
     "GfdFlags",
     "GpuIndexRef",
     "Health",
     "Imex",
+    "MemoryLimits",
     "MigGiCiRef",
     "MigIndexRef",
     "MigLayout",
@@ -123,18 +126,6 @@ class Resources(Strict):
     """MIG devices, matched by profile (e.g. 1g.10gb)."""
 
 
-class ReplicatedResource(Strict):
-    """One shared resource: which devices, how many replicas each, under which name."""
-
-    name: ResourceName
-    """The resource being shared (e.g. gpu or nvidia.com/mig-1g.10gb)."""
-    rename: ResourceName | None = None
-    """Advertise the replicas under this name instead."""
-    devices: Devices = "all"
-    replicas: StrictInt = Field(ge=1, le=MAX_DEVICES_PER_RESOURCE)
-    """Virtual devices per selected device (1 means not shared)."""
-
-
 def _sized_by_replicas_or_memory(schema: dict[str, Any]) -> None:
     schema["oneOf"] = [{"required": ["replicas"]}, {"required": ["memoryPerReplica"]}]
 
@@ -144,19 +135,42 @@ def _replicas_schema(schema: dict[str, Any]) -> None:
     schema["minimum"] = 1
 
 
-class MpsResource(ReplicatedResource):
-    """One `sharing.mps.resources` entry: clients per GPU and the limits the MPS daemon sets."""
+class ReplicatedResource(Strict):
+    """One shared resource: which devices, how many replicas each, under which name."""
 
     model_config = ConfigDict(json_schema_extra=_sized_by_replicas_or_memory)
 
-    # 0 while unset: the replicas of each GPU then come from memoryPerReplica, at plan time.
+    name: ResourceName
+    """The resource being shared (e.g. gpu or nvidia.com/mig-1g.10gb)."""
+    rename: ResourceName | None = None
+    """Advertise the replicas under this name instead."""
+    devices: Devices = "all"
+    # 0 while unset (defaults are not validated): the replicas of each device then come from
+    # memoryPerReplica, at plan time.
+    replicas: StrictInt = Field(
+        default=0, ge=1, le=MAX_DEVICES_PER_RESOURCE, json_schema_extra=_replicas_schema
+    )
+    """Virtual devices per selected device (1 means not shared); or set memoryPerReplica."""
+    memory_per_replica: MemoryMiB | None = None
+    """GPU memory per replica instead of replicas (e.g. 10Gi): each device gets as many replicas
+    as its memory holds; with memoryLimits on, each replica's memory cap."""
+
+    @model_serializer(mode="wrap")
+    def _dump(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        data: dict[str, Any] = handler(self)
+        if self.memory_per_replica is not None:
+            data.pop("replicas", None)
+        return data
+
+
+class MpsResource(ReplicatedResource):
+    """One `sharing.mps.resources` entry: clients per GPU and the limits the MPS daemon sets."""
+
     replicas: StrictInt = Field(
         default=0, ge=0, le=MAX_DEVICES_PER_RESOURCE, json_schema_extra=_replicas_schema
     )
     """Clients (virtual devices) per selected GPU; or set memoryPerReplica instead."""
-    memory_per_replica: MemoryMiB | None = None
-    """GPU memory per client instead of replicas (e.g. 10Gi): each GPU gets as many replicas as
-    its memory holds, each limited to this much pinned memory."""
+
     active_thread_percentage: StrictInt | None = Field(default=None, ge=1, le=100)
     """Percent of a GPU's threads each client may use (default: 100 / replicas)."""
     pinned_memory_limit: MemoryMiB | None = None
@@ -171,13 +185,6 @@ class MpsResource(ReplicatedResource):
     ) = None
     """Let the clients' memory limits on a GPU add up to this many times its memory (e.g.
     1.5); a warning says where they do."""
-
-    @model_serializer(mode="wrap")
-    def _dump(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        data: dict[str, Any] = handler(self)
-        if self.memory_per_replica is not None:
-            data.pop("replicas", None)
-        return data
 
 
 class Sharing(Strict):
@@ -294,3 +301,5 @@ class Config(Strict):
     """How `run-dra` publishes the devices (Dynamic Resource Allocation); `run` ignores it."""
     usage: Usage = Usage()
     """Per-pod GPU usage on shared GPUs: when a pod counts as over its memory share."""
+    memory_limits: MemoryLimits = MemoryLimits()
+    """Whether each share's GPU memory is capped by the driver (off by default)."""

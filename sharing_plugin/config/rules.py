@@ -51,7 +51,7 @@ def advertised_name(
     return f"{entry.name}.shared" if sharing.rename_by_default else entry.name
 
 
-def _mps_sized_once(entry: MpsResource) -> Iterator[Issue]:
+def _sized_once(entry: ReplicatedResource) -> Iterator[Issue]:
     given = "replicas" in entry.model_fields_set
     if given and entry.replicas < 1:
         yield Issue(("replicas",), f"must be >= 1 (got {entry.replicas})")
@@ -60,11 +60,17 @@ def _mps_sized_once(entry: MpsResource) -> Iterator[Issue]:
             ("memoryPerReplica",),
             "replicas and memoryPerReplica both size the resource: keep one of them",
         )
-    if not given and entry.memory_per_replica is None:
+    if not given and entry.memory_per_replica is None and isinstance(entry, MpsResource):
         yield Issue(
             (),
             "say how many clients share each GPU: set replicas (e.g. 4), or "
             "memoryPerReplica (e.g. 10Gi) to size them by GPU memory",
+        )
+    elif not given and entry.memory_per_replica is None:
+        yield Issue(
+            ("replicas",),
+            "required field 'replicas' is missing: set replicas (e.g. 4), or "
+            "memoryPerReplica (e.g. 10Gi) to size the replicas by GPU memory",
         )
 
 
@@ -174,7 +180,8 @@ Rule = Callable[[Any], Iterable[Issue]]
 
 # Each section's rules; the paths of the issues are relative to the section.
 _RULES: dict[type[BaseModel], Rule] = {
-    MpsResource: _mps_sized_once,
+    ReplicatedResource: _sized_once,
+    MpsResource: _sized_once,
     Sharing: _sharing,
     MpsSharing: _sharing,
     SharingSection: _one_mode,

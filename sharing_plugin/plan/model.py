@@ -57,6 +57,7 @@ class VirtualDevice:
     replicas: int = 1  # replicas of `physical` in this resource
     is_mig: bool = False
     compute_capability: tuple[int, int] = (0, 0)
+    memory_cap_mib: int | None = None  # the driver's cap on this replica (memoryLimits on)
 
     @property
     def health(self) -> DeviceHealth:

@@ -4,27 +4,24 @@ Each `sharing.*.resources` entry selects devices of one resource; each selected 
 `replicas` virtual devices `<uuid>::0 … <uuid>::<replicas-1>` (the reference's numbering, so
 raising replicas keeps the existing IDs). Several entries for one name give different replica
 counts per GPU; a device may be selected by one entry only. Devices no entry selects stay under
-their original name, unshared.
+their original name, unshared. An entry sized by `memoryPerReplica` gets as many replicas as
+each device's memory holds; with `memoryLimits` on, each replica of a whole GPU carries its
+memory cap (`memoryPerReplica`, the MPS client limit, else the GPU's memory over its replicas).
+MIG replicas carry none: NVML caps whole GPUs only, and a MIG device is isolated already.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
+from sharing_plugin.config.advice import MIG_REPLICAS_UNCAPPED, MIG_RESOURCE_PREFIX
 from sharing_plugin.config.model import (
     MAX_DEVICES_PER_RESOURCE,
     Config,
-    DeviceRef,
-    DeviceSelection,
-    GpuIndexRef,
-    MigGiCiRef,
-    MigIndexRef,
-    ProductRef,
     ReplicatedResource,
     SharingKind,
-    UuidRef,
 )
-from sharing_plugin.config.names import glob_matches
+from sharing_plugin.config.quantity import dump_mib
 from sharing_plugin.config.rules import advertised_name
 from sharing_plugin.errors import Problem
 from sharing_plugin.gpus.inventory import Inventory
@@ -40,9 +37,7 @@ from sharing_plugin.plan.mps import (
     mps_daemon,
     share_for,
 )
-
-BaseDevices = dict[str, list[VirtualDevice]]
-"""Resource name -> its devices before sharing, in GPU then MIG index order."""
+from sharing_plugin.plan.select import BaseDevices, DeviceSelector, Found, describe
 
 __all__ = [
     "MPS_CLIENTS_NEW",
@@ -66,21 +61,13 @@ class Shared:
     mps: tuple[MpsDaemon, ...] = ()  # one control daemon per MPS resource
 
 
-@dataclass(slots=True)
-class _Found:
-    """Devices an entry selects, and the problems and warnings found on the way."""
-
-    devices: list[VirtualDevice]
-    problems: list[Problem] = field(default_factory=list)
-    warnings: list[str] = field(default_factory=list)
-
-
 @dataclass(frozen=True, slots=True)
 class _Share:
     target: str
     replicas: int
     path: str
     mps: MpsShare | None = None
+    cap_mib: int | None = None  # each replica's memory cap, where memoryLimits asks for one
 
 
 def _device_order(device: VirtualDevice) -> tuple[int, int, int]:
@@ -88,7 +75,7 @@ def _device_order(device: VirtualDevice) -> tuple[int, int, int]:
     return int(gpu), int(mig) if mig else -1, device.replica if device.replica is not None else -1
 
 
-def _replica(device: VirtualDevice, n: int, replicas: int) -> VirtualDevice:
+def _replica(device: VirtualDevice, n: int, share: _Share) -> VirtualDevice:
     """Replica `n` of `device`. Spelled out, not `dataclasses.replace`: this runs once per
     advertised replica (7,168 on a big node) and `replace` costs ~60 % more per device."""
     return VirtualDevice(
@@ -101,153 +88,22 @@ def _replica(device: VirtualDevice, n: int, replicas: int) -> VirtualDevice:
         healthy=device.healthy,
         discovered_healthy=device.discovered_healthy,
         replica=n,
-        replicas=replicas,
+        replicas=share.replicas,
         is_mig=device.is_mig,
         compute_capability=device.compute_capability,
+        memory_cap_mib=share.cap_mib,
     )
-
-
-def _describe(device: VirtualDevice) -> str:
-    kind = "MIG device" if device.is_mig else "GPU"
-    return f"{kind} {device.index} ({device.physical})"
-
-
-class _Selector:
-    """Resolves one entry's `devices` against the devices of its resource."""
-
-    def __init__(self, inventory: Inventory, base: BaseDevices) -> None:
-        self.inventory = inventory
-        self.owner = {d.physical: name for name, devices in base.items() for d in devices}
-
-    def select(self, entry: ReplicatedResource, devices: list[VirtualDevice], path: str) -> _Found:
-        """The devices `entry` selects among `devices`, with what is wrong or worth saying."""
-        selection: DeviceSelection = entry.devices
-        if selection == "all":
-            if devices:
-                return _Found(list(devices))
-            return _Found(
-                [],
-                warnings=[
-                    f"{path}.name: this node has no {entry.name} devices, so this entry "
-                    "shares nothing here"
-                ],
-            )
-        if isinstance(selection, int):
-            if selection > len(devices):
-                return _Found(
-                    [],
-                    problems=[
-                        Problem(
-                            f"{path}.devices",
-                            f"asks for the first {selection} {entry.name} devices, but this "
-                            f"node has {len(devices)}: lower the count or list the devices",
-                        )
-                    ],
-                )
-            return _Found(list(devices[:selection]))
-        found = _Found([])
-        chosen: dict[str, VirtualDevice] = {}
-        for j, ref in enumerate(selection):
-            ref_path = f"{path}.devices[{j}]"
-            matched = [d for d in devices if self._matches(ref, d)]
-            if not matched:
-                if isinstance(ref, ProductRef):
-                    found.warnings.append(
-                        f"{ref_path}: no {entry.name} device on this node is on a GPU whose "
-                        f"product matches {ref.product!r}, so it selects nothing"
-                    )
-                else:
-                    found.problems.append(Problem(ref_path, self._missing(ref, entry.name)))
-            for d in matched:
-                chosen.setdefault(d.physical, d)
-        order = {d.physical: i for i, d in enumerate(devices)}
-        found.devices.extend(sorted(chosen.values(), key=lambda d: order[d.physical]))
-        return found
-
-    def _matches(self, ref: DeviceRef, device: VirtualDevice) -> bool:
-        if isinstance(ref, GpuIndexRef):
-            return not device.is_mig and device.index == str(ref.index)
-        if isinstance(ref, MigIndexRef):
-            return device.is_mig and device.index == f"{ref.gpu}:{ref.mig}"
-        if isinstance(ref, UuidRef):
-            return device.physical == ref.uuid
-        if isinstance(ref, MigGiCiRef):
-            mig = self.inventory.mig_device(device.physical) if device.is_mig else None
-            return (
-                mig is not None
-                and mig.parent_uuid == ref.gpu_uuid
-                and (mig.gi_id, mig.ci_id) == (ref.gi, ref.ci)
-            )
-        gpu = self.inventory.gpu(device.gpu_uuid)
-        return gpu is not None and glob_matches(ref.product, gpu.product)
-
-    def _missing(self, ref: DeviceRef, name: str) -> str:
-        """Why a reference selects nothing, and where the device it names went instead."""
-        what, physical = self._locate(ref)
-        if physical is None:
-            return f"{what} does not exist on this node: {self._node_summary()}"
-        owner = self.owner.get(physical)
-        if owner is None:
-            return (
-                f"{what} is not advertised on this node under the current migStrategy "
-                f"(it is MIG-enabled, or MIG is off on its GPU), so it cannot be shared as {name}"
-            )
-        return f"{what} is advertised as {owner}, not {name}: move it to an entry named {owner}"
-
-    def _locate(self, ref: DeviceRef) -> tuple[str, str | None]:
-        inv = self.inventory
-        if isinstance(ref, GpuIndexRef):
-            gpu = next((g for g in inv.gpus if g.index == ref.index), None)
-            return f"GPU {ref.index}", gpu.uuid if gpu else None
-        if isinstance(ref, MigIndexRef):
-            mig = next(
-                (
-                    m
-                    for g in inv.gpus
-                    if g.index == ref.gpu
-                    for m in g.mig_devices
-                    if m.index == ref.mig
-                ),
-                None,
-            )
-            return f"MIG device {ref.gpu}:{ref.mig}", mig.uuid if mig else None
-        if isinstance(ref, UuidRef):
-            known = inv.gpu(ref.uuid) or inv.mig_device(ref.uuid)
-            return f"device {ref.uuid}", ref.uuid if known else None
-        if isinstance(ref, MigGiCiRef):
-            mig = next(
-                (
-                    m
-                    for g in inv.gpus
-                    for m in g.mig_devices
-                    if m.parent_uuid == ref.gpu_uuid and (m.gi_id, m.ci_id) == (ref.gi, ref.ci)
-                ),
-                None,
-            )
-            label = f"MIG device MIG-{ref.gpu_uuid}/{ref.gi}/{ref.ci}"
-            return label, mig.uuid if mig else None
-        return f"product {ref.product!r}", None
-
-    def _node_summary(self) -> str:
-        gpus = self.inventory.gpus
-        if not gpus:
-            return "the node has no GPUs"
-        parts = []
-        for g in sorted(gpus, key=lambda g: g.index):
-            migs = ", ".join(f"{g.index}:{m.index}" for m in g.mig_devices)
-            parts.append(f"{g.index}" + (f" (MIG {migs})" if migs else ""))
-        return "it has GPU " + ", ".join(parts)
 
 
 def _mps_problems(
     entry: ReplicatedResource, selected: list[VirtualDevice], inventory: Inventory, path: str
-) -> _Found:
+) -> Found:
     """What is wrong with sharing `selected` by MPS (`devices` stays empty)."""
     problems: list[Problem] = []
     warnings: list[str] = []
     migs = [d for d in selected if d.is_mig]
     if migs:
-        listed = ", ".join(_describe(d) for d in migs[:4]) + (" …" if len(migs) > 4 else "")
+        listed = ", ".join(describe(d) for d in migs[:4]) + (" …" if len(migs) > 4 else "")
         problems.append(
             Problem(
                 f"{path}.devices",
@@ -265,7 +121,24 @@ def _mps_problems(
         found, risky = gpu_problems(entry, share_for(entry, gpu), gpu, path)
         problems.extend(found)
         warnings.extend(risky)
-    return _Found([], problems, warnings)
+    return Found([], problems, warnings)
+
+
+def _memory_mib(device: VirtualDevice, inventory: Inventory) -> int:
+    """The memory behind `device`: its MIG device's, else its GPU's (0 where unknown)."""
+    if device.is_mig:
+        mig = inventory.mig_device(device.physical)
+        return mig.memory_mib if mig is not None else 0
+    gpu = inventory.gpu(device.gpu_uuid)
+    return gpu.memory_mib if gpu is not None else 0
+
+
+def _no_replica_fits(device: VirtualDevice, memory_mib: int, path: str) -> Problem:
+    return Problem(
+        path,
+        f"{describe(device)} has {dump_mib(memory_mib)}: not one replica of this size fits; "
+        "lower it",
+    )
 
 
 def too_many_devices(resource: str, count: int, path: str) -> Problem:
@@ -291,9 +164,11 @@ def apply_sharing(
     if sharing is None:
         return Shared([ResourcePlan(name, tuple(devs)) for name, devs in base.items()], {})
     section = "sharing.mps" if kind is SharingKind.MPS else "sharing.timeSlicing"
-    selector = _Selector(inventory, base)
+    selector = DeviceSelector(inventory, base)
     shares: dict[str, _Share] = {}
     sources: dict[str, str] = {}
+    uncapped: set[str] = set()  # entries whose MIG replicas memoryLimits cannot cap
+    unfit: set[tuple[bool, int]] = set()  # (MIG?, memory) found too small: one report each
     for i, entry in enumerate(sharing.resources):
         path = f"{section}.resources[{i}]"
         found = selector.select(entry, base.get(entry.name, []), path)
@@ -312,15 +187,34 @@ def apply_sharing(
                 problems.append(
                     Problem(
                         f"{path}.devices",
-                        f"{_describe(d)} is already shared by {earlier.path}: a device can be "
+                        f"{describe(d)} is already shared by {earlier.path}: a device can be "
                         "shared by one entry only; remove it from one of them",
                     )
                 )
                 continue
             gpu = inventory.gpu(d.gpu_uuid)
+            memory = _memory_mib(d, inventory)
             mps = share_for(entry, gpu) if kind is SharingKind.MPS and gpu is not None else None
-            replicas = mps.replicas if mps is not None else entry.replicas
-            shares[d.physical] = _Share(target, max(replicas, 1), path, mps=mps)
+            if mps is not None:
+                replicas, per_replica = mps.replicas, mps.pinned_memory_mib
+            elif entry.memory_per_replica is not None:
+                replicas, per_replica = memory // entry.memory_per_replica, entry.memory_per_replica
+                if replicas < 1:
+                    if (d.is_mig, memory) not in unfit:
+                        unfit.add((d.is_mig, memory))
+                        problems.append(_no_replica_fits(d, memory, f"{path}.memoryPerReplica"))
+                    continue
+            else:
+                replicas, per_replica = entry.replicas, None
+            replicas = max(replicas, 1)
+            cap = None
+            if config.memory_limits.on and not d.is_mig and memory:
+                cap = per_replica if per_replica is not None else memory // replicas
+            elif config.memory_limits.on and d.is_mig and path not in uncapped:
+                uncapped.add(path)  # the config's own warning says it for mig-* names
+                if not entry.name.startswith(MIG_RESOURCE_PREFIX):
+                    warnings.append(MIG_REPLICAS_UNCAPPED.format(path=path))
+            shares[d.physical] = _Share(target, replicas, path, mps=mps, cap_mib=cap)
 
     # Counted before anything is built: replicas past kubelet's limit are refused, not made
     # (30,001 replicas of two GPUs took a quarter of a second to build only to be refused).
@@ -346,7 +240,7 @@ def apply_sharing(
             if share is None:
                 bucket.append(d)
             else:
-                bucket.extend(_replica(d, n, share.replicas) for n in range(share.replicas))
+                bucket.extend(_replica(d, n, share) for n in range(share.replicas))
     for target, names in feeds.items():
         if len(names) > 1:  # devices of several names merged: back to GPU, MIG, replica order
             out[target].sort(key=_device_order)

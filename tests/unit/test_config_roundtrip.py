@@ -125,5 +125,14 @@ def test_accepted_configs_round_trip(raw: dict[str, Any]) -> None:
 
 def test_default_config_dumps_every_section() -> None:
     dumped = dump_config(Config())
-    assert set(dumped) == {"version", "flags", "resources", "sharing", "health", "dra", "usage"}
+    assert set(dumped) == {
+        "version",
+        "flags",
+        "resources",
+        "sharing",
+        "health",
+        "dra",
+        "usage",
+        "memoryLimits",
+    }
     assert parse_config(yaml_fast.dump(dumped), file="d").config == Config()

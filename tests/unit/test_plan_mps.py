@@ -154,13 +154,26 @@ def test_mps_entries_are_validated_at_their_lines(entry: str, line: str) -> None
     assert line in str(found)
 
 
-def test_time_slicing_takes_no_mps_keys() -> None:
+def test_time_slicing_takes_no_mps_only_keys() -> None:
+    text = (
+        "version: v1\nsharing:\n  timeSlicing:\n    resources:\n    - name: gpu\n"
+        "      replicas: 2\n      pinnedMemoryLimit: 10Gi\n"
+    )
+    with pytest.raises(ConfigError, match="unknown field 'pinnedMemoryLimit'"):
+        parse_config(text, file="c.yaml")
+
+
+def test_time_slicing_is_sized_once() -> None:
     text = (
         "version: v1\nsharing:\n  timeSlicing:\n    resources:\n    - name: gpu\n"
         "      replicas: 2\n      memoryPerReplica: 10Gi\n"
     )
-    with pytest.raises(ConfigError, match="unknown field 'memoryPerReplica'"):
+    with pytest.raises(ConfigError) as raised:
         parse_config(text, file="c.yaml")
+    assert [str(p) for p in raised.value.problems] == [
+        "c.yaml:7:25: sharing.timeSlicing.resources[0].memoryPerReplica: replicas and "
+        "memoryPerReplica both size the resource: keep one of them"
+    ]
 
 
 def test_sizes_dump_and_load_back() -> None:

@@ -11,7 +11,7 @@ from sharing_plugin.config.model import SharingKind
 from sharing_plugin.errors import PlanError
 from sharing_plugin.plan import plan
 from sharing_plugin.plan.model import DeviceId, GpuUuid, VirtualDevice, replica_id
-from sharing_plugin.plan.share import _replica
+from sharing_plugin.plan.share import _replica, _Share
 
 
 def test_replicas_under_the_same_name_with_reference_ids() -> None:
@@ -188,6 +188,8 @@ def test_a_replica_copies_every_field_of_its_device() -> None:
         is_mig=True,
         compute_capability=(9, 0),
     )
-    assert len(dataclasses.fields(VirtualDevice)) == 12, "a new field: copy it in _replica"
-    expected = dataclasses.replace(device, id=replica_id("MIG-x", 4), replica=4, replicas=5)
-    assert _replica(device, 4, 5) == expected
+    assert len(dataclasses.fields(VirtualDevice)) == 13, "a new field: copy it in _replica"
+    expected = dataclasses.replace(
+        device, id=replica_id("MIG-x", 4), replica=4, replicas=5, memory_cap_mib=1234
+    )
+    assert _replica(device, 4, _Share("nvidia.com/gpu", 5, "p", cap_mib=1234)) == expected
