@@ -14,6 +14,7 @@ from pathlib import Path
 
 from sharing_plugin.errors import ConfigError, Problem
 from sharing_plugin.nvml.api import NvmlApi
+from sharing_plugin.plan.caps import NodeFacts
 from sharing_plugin.sim.nvml.node import preset_names
 
 
@@ -54,3 +55,18 @@ def names_node_file(spec: str) -> bool:
     """Whether SPEC names an existing node description file (bad content is invalid input)."""
     kind, _, target = spec.partition(":")
     return kind == "simulated" and Path(target).is_file()
+
+
+def node_facts(spec: str, backend: NvmlApi, hook_path: str) -> NodeFacts:
+    """What the node behind SPEC says about enforcing memory caps: a simulated node its own
+    `cgroupVersion`, a real one the host's; the CDI hook is looked for where this process is."""
+    from sharing_plugin.sources.host import hook_problem, host_cgroup_version
+
+    if spec.startswith("simulated:"):
+        from sharing_plugin.sim.nvml.simulated import SimulatedNvml
+
+        assert isinstance(backend, SimulatedNvml)
+        cgroup_version: int | None = backend.cgroup_version
+    else:
+        cgroup_version = host_cgroup_version()
+    return NodeFacts(cgroup_version=cgroup_version, hook_problem=hook_problem(hook_path))

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
@@ -150,7 +151,14 @@ def _plan_node(args: argparse.Namespace) -> int:
         return EXIT_INVALID
     try:
         # Nothing is held here: the command sees the node, not its pods.
-        node = plan_node(config, inventory)
+        facts = None
+        if config.memory_limits.on:
+            from sharing_plugin.backends import node_facts
+            from sharing_plugin.config.memory import HOOK_PATH_ENV, hook_path
+
+            hook = hook_path(config.memory_limits, os.environ.get(HOOK_PATH_ENV))
+            facts = node_facts(args.gpus, backend, hook)
+        node = plan_node(config, inventory, facts=facts)
     except PlanError as exc:
         for problem in exc.problems:
             print(loaded.place(problem), file=problems_to)

@@ -76,11 +76,12 @@ def plan_json(
         ],
         "mig": list(mig),
         "warnings": [*warnings, *plan_warnings],
+        **({} if plan.memory_limits is None else {"memoryLimits": plan.memory_limits.document()}),
     }
 
 
 def _table(headers: Sequence[str], rows: Sequence[Sequence[str]], right: set[int]) -> list[str]:
-    widths = [max(len(h), *(len(row[i]) for row in rows)) for i, h in enumerate(headers)]
+    widths = [max([len(h), *(len(row[i]) for row in rows)]) for i, h in enumerate(headers)]
 
     def line(cells: Sequence[str]) -> str:
         parts = [
@@ -129,6 +130,11 @@ def plan_table(
         out += _table(headers, rows, right={2, 3, 4} if capped else {2, 3})
     if mig:
         out += ["", "MIG layout:", *(f"  {line}" for line in mig)]
+    if plan.memory_limits is not None:
+        out += ["", f"memory limits ({plan.memory_limits.enforce.value}):"]
+        for uuid, state in plan.memory_limits.gpus.items():
+            said = "enforced" if state.enforced else f"not enforced: {state.reason}"
+            out.append(f"  {uuid}  {said}")
     all_warnings = [*warnings, *plan.warnings]
     if all_warnings:
         out += ["", "warnings:", *(f"  - {w}" for w in all_warnings)]

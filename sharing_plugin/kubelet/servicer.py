@@ -184,6 +184,7 @@ class DevicePluginServicer:
         # Every call's task: grpc's, which ends once the call's last message is sent.
         self._calls: set[asyncio.Task[Any]] = set()
         self._closing = False
+        self._noted = False  # whether an Allocate note was logged
         self._closing_at = 0.0  # loop time of the final broadcast
 
     @property
@@ -302,6 +303,9 @@ class DevicePluginServicer:
                 resource, honoured = snap.serving(ids, now)
                 answer = allocate(resource, ids, flags, control_nodes=nodes)
                 responses.append(translate.container_response(answer))
+                if answer.note is not None and not self._noted:
+                    self._noted = True  # once: every such container gets the same treatment
+                    log.warning("%s: %s", self._name, answer.note)
                 granted.extend(d for d in map(resource.device, ids) if d is not None)
                 late = late or honoured
         except AllocationError as exc:

@@ -41,6 +41,11 @@ CONTROL_DEVICE_NODES: tuple[str, ...] = (
     "/dev/nvidia-modeset",
 )
 CDI_KIND = "nvidia.com/gpu"
+# The spec the plugin writes for enforced shares: one device per GPU, named by its UUID, whose
+# createRuntime hook applies the container's NVIDIA_GPU_MEMORY_* values to that GPU.
+MEMORY_LIMIT_CDI_KIND = "sharing-plugin.io/memory-limit"
+MEMORY_REQUEST = "NVIDIA_GPU_MEMORY_REQUEST"
+MEMORY_LIMIT = "NVIDIA_GPU_MEMORY_LIMIT"
 CDI_ANNOTATION_PLUGIN = "nvidia-device-plugin"
 # Where the MPS pipe directory appears inside containers (the reference's mps.ContainerRoot).
 MPS_CONTAINER_ROOT = "/mps"
@@ -117,6 +122,34 @@ def _cdi(
     return annotations, cdi_devices
 
 
+def memory_limit_cdi_id(gpu_uuid: str) -> str:
+    return f"{MEMORY_LIMIT_CDI_KIND}={gpu_uuid}"
+
+
+def _memory_caps(devices: Sequence[VirtualDevice]) -> tuple[dict[str, str], list[str], str | None]:
+    """The env vars and CDI devices that cap the container's memory on its GPUs, and a note.
+
+    Each GPU's limit is the caps of its replicas the container holds, added up. The hook takes
+    one value for every GPU it is given, so a container on two GPUs gets the larger."""
+    per_gpu: dict[str, int] = {}
+    for d in devices:
+        if d.memory_cap_mib is not None:
+            per_gpu[d.gpu_uuid] = per_gpu.get(d.gpu_uuid, 0) + d.memory_cap_mib
+    if not per_gpu:
+        return {}, [], None
+    limit = max(per_gpu.values())
+    note = None
+    if len(set(per_gpu.values())) > 1:
+        shares = ", ".join(f"{uuid} {mib} MiB" for uuid, mib in per_gpu.items())
+        note = (
+            f"a container holds shares of different sizes on {len(per_gpu)} GPUs ({shares}): "
+            f"the memory hook takes one value, so each GPU is capped at the larger, {limit} MiB"
+        )
+    value = str(limit)
+    envs = {MEMORY_REQUEST: value, MEMORY_LIMIT: value}
+    return envs, [memory_limit_cdi_id(uuid) for uuid in per_gpu], note
+
+
 def mps_pipe_directory(resource_name: str) -> str:
     return f"{MPS_CONTAINER_ROOT}/{resource_name}/pipe"
 
@@ -186,11 +219,16 @@ def allocate(
             envs["NVIDIA_GDS"] = "enabled"
         if flags.mofed_enabled:
             envs["NVIDIA_MOFED"] = "enabled"
+    # Whatever the strategy: the kubelet hands cdi_devices to the runtime as CRI CDIDevices,
+    # and the hook reads the limit from the container's environment.
+    cap_envs, cap_devices, note = _memory_caps(devices)
+    envs.update(cap_envs)
     return ContainerAllocation(
         envs=envs,
         mounts=tuple(mounts),
         devices=specs,
         annotations=annotations,
-        cdi_devices=cdi_devices,
+        cdi_devices=(*cdi_devices, *cap_devices),
         physical=tuple(unique(d.physical for d in devices)),
+        note=note,
     )

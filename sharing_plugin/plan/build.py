@@ -21,6 +21,7 @@ from sharing_plugin.config.model import (
 from sharing_plugin.config.names import glob_matches
 from sharing_plugin.errors import PlanError, Problem
 from sharing_plugin.gpus.inventory import Gpu, Inventory, MigDevice
+from sharing_plugin.plan.caps import NodeFacts, cap_states, with_cap_states
 from sharing_plugin.plan.model import DeviceId, Plan, ResourcePlan, VirtualDevice
 from sharing_plugin.plan.share import BaseDevices, apply_sharing, too_many_devices
 
@@ -182,12 +183,19 @@ def _size_problems(resources: list[ResourcePlan], sources: Mapping[str, str]) ->
     ]
 
 
-def plan(config: Config, inventory: Inventory, *, health: Mapping[str, bool] | None = None) -> Plan:
+def plan(
+    config: Config,
+    inventory: Inventory,
+    *,
+    health: Mapping[str, bool] | None = None,
+    facts: NodeFacts | None = None,
+) -> Plan:
     """What `config` advertises on the node described by `inventory`.
 
     `health` maps GPU or MIG UUIDs to their current health (missing: healthy); it is ignored
-    when the config disables health checks. Raises `PlanError` with every problem found when
-    the config does not fit this node.
+    when the config disables health checks. `facts` is what the node says about enforcing
+    memory caps (missing: nothing checked, so `memoryLimits` finds no GPU that enforces).
+    Raises `PlanError` with every problem found when the config does not fit this node.
     """
     advertised = _advertised(config, inventory)
     shared = apply_sharing(config, inventory, advertised.base)
@@ -204,6 +212,9 @@ def plan(config: Config, inventory: Inventory, *, health: Mapping[str, bool] | N
     if trap is not None:
         warnings.append(trap)
     result = Plan(resources=resources, warnings=tuple(warnings), mps=shared.mps)
+    states = cap_states(config.memory_limits, inventory, facts or NodeFacts())
+    if states is not None:
+        result = with_cap_states(result, states)
     if health and config.health.enabled and not all(health.values()):
         result = result.with_health(health)
     return result

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import NewType
 
-from sharing_plugin.config.model import SharingKind
+from sharing_plugin.config.model import Enforcement, SharingKind
 from sharing_plugin.gpus.inventory import GpuUuid
 from sharing_plugin.plan.mps import MpsDaemon
 
@@ -123,12 +123,37 @@ def _with_flag(device: VirtualDevice, healthy: bool) -> VirtualDevice:
 
 
 @dataclass(frozen=True, slots=True)
+class CapState:
+    """One GPU: are its shares' caps enforced, and if not, why."""
+
+    enforced: bool
+    reason: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryLimitState:
+    """`/status`'s `memoryLimits`: the mode and each GPU's state."""
+
+    enforce: Enforcement
+    gpus: Mapping[str, CapState]
+
+    def document(self) -> dict[str, object]:
+        return {
+            "enforce": self.enforce.value,
+            "gpus": {
+                uuid: {"enforced": s.enforced, "reason": s.reason} for uuid, s in self.gpus.items()
+            },
+        }
+
+
+@dataclass(frozen=True, slots=True)
 class Plan:
     """What a config advertises on a node: resources sorted by name, and warnings for the admin."""
 
     resources: tuple[ResourcePlan, ...]
     warnings: tuple[str, ...] = ()
     mps: tuple[MpsDaemon, ...] = ()  # the MPS control daemon of each MPS resource
+    memory_limits: MemoryLimitState | None = None  # None: memoryLimits off
     _by_name: dict[str, ResourcePlan] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -180,6 +205,7 @@ class ContainerAllocation:
     annotations: Mapping[str, str] = field(default_factory=dict)
     cdi_devices: tuple[str, ...] = ()  # fully qualified CDI names, e.g. "nvidia.com/gpu=GPU-…"
     physical: tuple[str, ...] = ()  # unique physical UUIDs granted, in request order
+    note: str | None = None  # what the admin should hear once (e.g. one cap for two GPUs)
 
 
 def unique(items: Iterable[str]) -> list[str]:

@@ -18,6 +18,7 @@ from sharing_plugin.gpus.inventory import Inventory
 from sharing_plugin.mig.desired import NOTHING_HELD, GpuMigAction, Holder, mig_actions
 from sharing_plugin.mig.predict import PLANNED_PREFIX, is_planned, predicted_inventory
 from sharing_plugin.plan.build import plan
+from sharing_plugin.plan.caps import NodeFacts
 from sharing_plugin.plan.model import Plan
 
 
@@ -43,18 +44,20 @@ def plan_node(
     held: Mapping[str, Holder] | None = NOTHING_HELD,
     *,
     as_is: bool = False,
+    facts: NodeFacts | None = None,
 ) -> NodePlan:
     """What `config` does to the node `inventory` describes.
 
-    `held` maps device IDs pods hold to the pod (None: unknown), as `mig_actions` takes it.
-    With `as_is`, the plan is of the node as it is now, without instances yet to be created:
-    what may be advertised to kubelet, which never sees a placeholder ID. Raises `PlanError`
-    with every problem (declared layouts first) when the rest of the config does not fit.
+        `held` maps device IDs pods hold to the pod (None: unknown), as `mig_actions` takes it.
+        With `as_is`, the plan is of the node as it is now, without instances yet to be created:
+        what may be advertised to kubelet, which never sees a placeholder ID. `facts`: what the node
+    says about enforcing memory caps (see `plan`). Raises `PlanError`
+        with every problem (declared layouts first) when the rest of the config does not fit.
     """
     mig = mig_actions(config, inventory, held)
     node = inventory if as_is else predicted_inventory(inventory, mig.actions)
     try:
-        result = plan(config, node)
+        result = plan(config, node, facts=facts)
     except PlanError as exc:
         raise PlanError((*mig.problems, *exc.problems)) from None
     warnings = list(inventory.warnings)

@@ -15,9 +15,18 @@ from plan_factory import config, gpu, gpu_uuid, mig_uuid, mps, node
 from sharing_plugin.config.loader import parse_config
 from sharing_plugin.config.memory import DEFAULT_HOOK_PATH, Enforcement, hook_path
 from sharing_plugin.errors import ConfigError, PlanError
-from sharing_plugin.plan import plan
+from sharing_plugin.gpus.inventory import Inventory
+from sharing_plugin.plan import plan as plan_on
+from sharing_plugin.plan.caps import NodeFacts
+from sharing_plugin.plan.model import Plan
 
 GIB = 1024
+
+
+def plan(cfg: Any, inventory: Inventory) -> Plan:
+    """The plan on a node that can enforce caps (R615, cgroup v2, the hook in place)."""
+    ready = replace(inventory, driver_version="615.25.01")
+    return plan_on(cfg, ready, facts=NodeFacts(cgroup_version=2, hook_problem=None))
 
 
 def sliced(*resources: dict[str, Any], enforce: str = "best-effort", **sections: Any) -> Any:

@@ -23,6 +23,7 @@ from sharing_plugin.errors import ConfigError, Problem
 from sharing_plugin.sim.nvml.workload import Process, UtilizationCall, read_entries
 
 PRESET_PACKAGE = "sharing_plugin.sim.nvml.presets"
+DEFAULT_DRIVER_VERSION = "550.54.15"  # an R550 driver: no per-cgroup memory limits
 
 
 class _Strict(BaseModel):
@@ -85,6 +86,9 @@ class NodeDescription(_Strict):
     # False: the NVIDIA driver is not loaded (yet): nvmlInit fails, as on a node still
     # installing it at boot. Re-read while a process runs, like `faults`.
     driver_loaded: bool = True
+    # What nvmlSystemGetDriverVersion returns (R615 and later cap a cgroup's GPU memory).
+    driver_version: str = Field(default=DEFAULT_DRIVER_VERSION, pattern=r"^\d+\.\d+(\.\d+)?$")
+    cgroup_version: Literal[1, 2] = 2  # the node's cgroup hierarchy
 
 
 @dataclass(frozen=True, slots=True)

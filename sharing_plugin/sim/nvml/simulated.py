@@ -23,6 +23,7 @@ import pynvml
 from sharing_plugin.errors import ConfigError, Problem
 from sharing_plugin.nvml.api import DeviceHandle, EventSetHandle
 from sharing_plugin.sim.nvml.faults import FaultFeed, SimEventData, SimEventSet
+from sharing_plugin.sim.nvml.limits import SimMemoryLimits
 from sharing_plugin.sim.nvml.mig import SimMigOps
 from sharing_plugin.sim.nvml.node import (
     Fault,
@@ -54,7 +55,6 @@ SUPPORTED_EVENT_TYPES = (
     | int(pynvml.nvmlEventTypeDoubleBitEccError)
     | int(pynvml.nvmlEventTypeSingleBitEccError)
 )
-DRIVER_VERSION = "550.54.15"
 CUDA_DRIVER_VERSION = 12040
 
 
@@ -65,7 +65,7 @@ class SimMemory:
     used: int
 
 
-class SimulatedNvml(SimMigOps):
+class SimulatedNvml(SimMigOps, SimMemoryLimits):
     """A stand-in for the `pynvml` module, built from a node description."""
 
     NVMLError: type[Exception] = pynvml.NVMLError
@@ -92,7 +92,12 @@ class SimulatedNvml(SimMigOps):
         except ValueError as exc:
             source = str(node.path) if node.path is not None else f"preset {node.identity}"
             raise ConfigError([Problem(path="gpus", message=str(exc), file=source)]) from exc
-        super().__init__(gpus, mig_mode_needs_reset=mig_mode_needs_reset)
+        SimMigOps.__init__(self, gpus, mig_mode_needs_reset=mig_mode_needs_reset)
+        SimMemoryLimits.__init__(
+            self,
+            driver_version=node.description.driver_version,
+            cgroup_version=node.description.cgroup_version,
+        )
         self.warnings: tuple[str, ...] = tuple(warnings)
         self._lock = threading.Lock()
         self._shut_down = threading.Condition(self._lock)
@@ -216,7 +221,7 @@ class SimulatedNvml(SimMigOps):
 
     def nvmlSystemGetDriverVersion(self) -> str:
         self._check_init()
-        return DRIVER_VERSION
+        return self.driver_version
 
     def nvmlSystemGetCudaDriverVersion(self) -> int:
         self._check_init()
