@@ -55,6 +55,7 @@ class PoolState:
     taints: Mapping[str, DeviceTaint] | None = None
     draining: DeviceTaint | None = None  # with taints: on shared devices the config dropped
     mig: DynamicPool = field(default_factory=DynamicPool)
+    memory_hook_path: str | None = None  # the CDI hook that caps shares (memoryLimits on)
 
 
 @dataclass(frozen=True, slots=True)
@@ -223,6 +224,7 @@ class ClaimPreparer:
             plan=state.plan,
             flags=state.flags,
             consumed_mib=consumed,
+            memory_hook_path=state.memory_hook_path,
         )
         file_name = spec_file_name(self.driver, ref.uid)
         self._specs.write(file_name, spec)

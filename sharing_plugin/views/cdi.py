@@ -25,8 +25,15 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
 from sharing_plugin.config.model import DeviceListStrategy, Flags, SharingKind
-from sharing_plugin.plan.allocate import VISIBLE_DEVICES, allocate, container_ids
+from sharing_plugin.plan.allocate import (
+    MEMORY_LIMIT,
+    MEMORY_REQUEST,
+    VISIBLE_DEVICES,
+    allocate,
+    container_ids,
+)
 from sharing_plugin.plan.model import Mount, Plan, ResourcePlan, unique
+from sharing_plugin.views.cdi_memory import memory_hook
 from sharing_plugin.views.dra import DraDevice
 
 CDI_VERSION: Final = "0.5.0"  # env and mounts only: understood by every CDI-aware runtime
@@ -74,9 +81,11 @@ def claim_spec(
     plan: Plan,
     flags: Flags,
     consumed_mib: Mapping[str, int] | None = None,
+    memory_hook_path: str | None = None,
 ) -> dict[str, Any]:
     """The CDI spec for a claim that was allocated `devices` (in the claim's result order);
-    `consumed_mib` is the memory it consumes of each device published by capacity, by name.
+    `consumed_mib` is the memory it consumes of each device published by capacity, by name;
+    `memory_hook_path` the toolkit's CDI hook where shares are capped (`memoryLimits`).
 
     Raises `AllocationError` where Allocate would refuse the same devices (a resource with
     `failRequestsGreaterThanOne` and more than one of its replicas in one claim).
@@ -99,9 +108,13 @@ def claim_spec(
         extra[name] = (envs, answer.mounts)
     ids = unique(container_ids([d.device for d in devices], flags.plugin.device_id_strategy))
     limits = _mps_limits(devices, ids, flags, consumed_mib or {})
+    caps = _memory_caps(devices, consumed_mib or {}) if memory_hook_path is not None else {}
+    if caps:  # one value for every GPU, as the hook takes it: the larger
+        limits[MEMORY_REQUEST] = limits[MEMORY_LIMIT] = str(max(caps.values()))
     cdi_devices = []
     for d in devices:
         envs, mounts = extra[d.resource]
+        envs = {k: v for k, v in envs.items() if k not in (MEMORY_REQUEST, MEMORY_LIMIT)}
         edits: dict[str, Any] = {
             "env": [
                 f"{VISIBLE_DEVICES}={','.join(ids)}",
@@ -110,8 +123,28 @@ def claim_spec(
         }
         if mounts:
             edits["mounts"] = [_mount(m) for m in mounts]
+        if memory_hook_path is not None and d.gpu_uuid in caps:
+            hook = memory_hook(
+                hook_path=memory_hook_path,
+                gpu_uuid=d.gpu_uuid,
+                driver_root=flags.nvidia_driver_root,
+            )
+            edits["hooks"] = [hook]
         cdi_devices.append({"name": cdi_device_name(claim_uid, d.name), "containerEdits": edits})
     return {"cdiVersion": CDI_VERSION, "kind": cdi_kind(driver), "devices": cdi_devices}
+
+
+def _memory_caps(devices: Sequence[DraDevice], consumed: Mapping[str, int]) -> dict[str, int]:
+    """GPU UUID -> the claim's memory cap there: what it consumes of a device published by
+    capacity, else the caps of the replicas it holds (replica model); none on MIG devices or on
+    GPUs that do not enforce (their devices carry no cap)."""
+    caps: dict[str, int] = {}
+    for d in devices:
+        if d.device.memory_cap_mib is None:
+            continue
+        mib = consumed.get(d.name) if d.shares is not None else None
+        caps[d.gpu_uuid] = caps.get(d.gpu_uuid, 0) + (mib or d.device.memory_cap_mib)
+    return caps
 
 
 def _mps_limits(

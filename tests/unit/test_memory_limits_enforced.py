@@ -6,17 +6,22 @@ from __future__ import annotations
 import json
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 from plan_factory import config, gpu, gpu_uuid, node
+from support.cdi_schema import cdi_problems
 
+from sharing_plugin.config.base import SharedDevices
 from sharing_plugin.config.model import Config, Flags
 from sharing_plugin.gpus.inventory import Gpu, Inventory
 from sharing_plugin.plan import allocate, plan
 from sharing_plugin.plan.allocate import MEMORY_LIMIT, MEMORY_REQUEST, memory_limit_cdi_id
 from sharing_plugin.plan.caps import NodeFacts
 from sharing_plugin.sources.host import hook_problem, host_cgroup_version
+from sharing_plugin.views.cdi import claim_spec
 from sharing_plugin.views.cdi_memory import memory_limit_spec, spec_file_name
+from sharing_plugin.views.dra import dra_devices
 
 READY = NodeFacts(cgroup_version=2, hook_problem=None)
 
@@ -184,3 +189,59 @@ def test_the_host_probe_reads_the_cgroup_mount_and_the_hook(tmp_path: Path) -> N
     assert hook_problem(str(hook)) == f"the CDI hook {hook} is not an executable file"
     hook.chmod(0o755)
     assert hook_problem(str(hook)) is None
+
+
+def test_the_memory_spec_keeps_the_cdi_schema() -> None:
+    spec = memory_limit_spec([gpu_uuid(0)], hook_path="/usr/bin/nvidia-cdi-hook", driver_root="/")
+    assert cdi_problems(spec) == []
+    broken = {**spec, "kind": "no-class"}
+    assert cdi_problems(broken) != []  # the check can fail
+
+
+def dra_claim(
+    cfg: Config, inventory: Inventory, shared: SharedDevices, names: list[str], **consumed: int
+) -> dict[str, Any]:
+    p = plan(cfg, inventory, facts=READY)
+    by_name = {d.name: d for d in dra_devices(p, inventory, shared=shared)}
+    return claim_spec(
+        driver="gpu.sharing-plugin.io",
+        claim_uid="0b9c2f5e-1111-4222-8333-444455556666",
+        devices=[by_name[n] for n in names],
+        plan=p,
+        flags=cfg.flags,
+        consumed_mib=consumed,
+        memory_hook_path="/usr/bin/nvidia-cdi-hook",
+    )
+
+
+def test_dra_claims_are_capped_at_what_they_consume() -> None:
+    gpu0 = "gpu-00000000-0000-4000-8000-000000000000"
+    inventory = r615(gpu(0))
+    cfg = capped("best-effort")
+    specs = [
+        dra_claim(cfg, inventory, SharedDevices.CAPACITY, [gpu0], **{gpu0: mib})
+        for mib in (10_240, 30_720)
+    ]
+    for spec, mib in zip(specs, (10_240, 30_720), strict=True):
+        assert cdi_problems(spec) == []
+        (device,) = spec["devices"]
+        env = device["containerEdits"]["env"]
+        assert f"NVIDIA_GPU_MEMORY_REQUEST={mib}" in env and f"NVIDIA_GPU_MEMORY_LIMIT={mib}" in env
+        (hook,) = device["containerEdits"]["hooks"]
+        assert hook["args"][-2:] == ["--gpu-id", gpu_uuid(0)]
+
+
+def test_dra_replicas_are_capped_at_their_replica_share() -> None:
+    names = [f"gpu-00000000-0000-4000-8000-000000000000-r{i}" for i in (0, 1)]
+    spec = dra_claim(capped("required"), r615(gpu(0)), SharedDevices.REPLICAS, names)
+    assert cdi_problems(spec) == []
+    for device in spec["devices"]:
+        assert f"NVIDIA_GPU_MEMORY_LIMIT={2 * 20_480}" in device["containerEdits"]["env"]
+
+
+def test_dra_claims_of_uncapped_gpus_get_no_hook() -> None:
+    gpu0 = "gpu-00000000-0000-4000-8000-000000000000"
+    spec = dra_claim(capped("off"), r615(gpu(0)), SharedDevices.CAPACITY, [gpu0], **{gpu0: 1024})
+    (device,) = spec["devices"]
+    assert "hooks" not in device["containerEdits"]
+    assert not any(e.startswith("NVIDIA_GPU_MEMORY") for e in device["containerEdits"]["env"])
