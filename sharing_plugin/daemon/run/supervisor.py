@@ -27,8 +27,8 @@ import logging
 from collections.abc import Mapping
 from pathlib import Path
 
-from sharing_plugin.daemon.node.tasks import TaskOwner
 from sharing_plugin.errors import KubeletError
+from sharing_plugin.kit.tasks import TaskOwner
 from sharing_plugin.kubelet.grants import RECORD_WINDOW_S, GrantLedger
 from sharing_plugin.kubelet.podresources import PodResourcesClient
 from sharing_plugin.kubelet.server import (

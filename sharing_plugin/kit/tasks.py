@@ -11,9 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Collection, Coroutine
-from types import TracebackType
-from typing import Any, Self
+from collections.abc import Coroutine
+from typing import Any
 
 log = logging.getLogger(__name__)
 
@@ -68,36 +67,3 @@ class TaskOwner:
                 # loudly, so the tests that start it fail rather than log a line.
                 names = ", ".join(sorted(t.get_name() for t in pending))
                 raise TasksStuckError(f"{self._name}: did not stop within {grace:.1f}s: {names}")
-
-
-class Service:
-    """An async context manager that starts in order and always closes: what every long-running
-    part of the process (the plugin, the MPS controller, the DRA plugin) is. A start that fails
-    half-way closes what it had started before the error goes on."""
-
-    async def start(self) -> None:
-        raise NotImplementedError
-
-    async def close(self) -> None:
-        raise NotImplementedError
-
-    def held_up(self) -> Collection[asyncio.Task[Any]]:
-        """What a closed service leaves running because a peer holds it up (a grpc server's
-        shutdown that a client which does not read holds): none unless a service says so."""
-        return ()
-
-    async def __aenter__(self) -> Self:
-        try:
-            await self.start()
-        except BaseException:
-            await self.close()
-            raise
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.close()
