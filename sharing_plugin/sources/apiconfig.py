@@ -124,12 +124,7 @@ class ApiConfigSource(TriggeredSource):
         if self._fallback is not None:
             tasks.spawn(self._follow_mounted(), name="mounted")
         try:
-            while not self._stop.is_set():
-                await self._wake.wait()
-                self._wake.clear()
-                if self._stop.is_set():
-                    return
-                triggers, self._triggers = self._triggers, []
+            while (triggers := await self._woken()) is not None:
                 if not triggers:
                     continue
                 update = self._read(triggers[-1])

@@ -97,12 +97,7 @@ class ConfigSource(TriggeredSource):
         if self._path is not None:
             tasks.spawn(self._watch(self._path), name=str(self._path), eternal=True)
         try:
-            while not self._stop.is_set():
-                await self._wake.wait()
-                self._wake.clear()
-                if self._stop.is_set():
-                    return
-                triggers, self._triggers = self._triggers, []
+            while (triggers := await self._woken()) is not None:
                 changed, self._dirty = self._dirty, False
                 if not triggers and not changed:
                     continue

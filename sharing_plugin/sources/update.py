@@ -74,6 +74,17 @@ class TriggeredSource:
         self._stop.set()
         self._wake.set()
 
+    async def _woken(self) -> list[Trigger] | None:
+        """Once woken, the triggers that came since the last wake-up; None once stopped."""
+        if self._stop.is_set():
+            return None
+        await self._wake.wait()
+        self._wake.clear()
+        if self._stop.is_set():
+            return None
+        triggers, self._triggers = self._triggers, []
+        return triggers
+
 
 def fingerprint(update: ConfigUpdate) -> tuple[object, ...]:
     """What makes two outcomes the same to a consumer (an unchanged re-read is not handed on)."""
