@@ -67,3 +67,17 @@ class TaskOwner:
                 # loudly, so the tests that start it fail rather than log a line.
                 names = ", ".join(sorted(t.get_name() for t in pending))
                 raise TasksStuckError(f"{self._name}: did not stop within {grace:.1f}s: {names}")
+
+
+def raise_if_cancelled() -> None:
+    """In a loop that should end when its task is cancelled: pass on a cancellation that was
+    requested but swallowed on the way.
+
+    grpc.aio's server shutdown waits with `asyncio.wait_for`, which on Python 3.11 can swallow a
+    cancellation that arrives as the shutdown completes; the task would then go on as if never
+    cancelled, and a close waiting for it would wait in vain. Not for clean-up code, which may
+    run in a task being cancelled and must finish.
+    """
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        raise asyncio.CancelledError

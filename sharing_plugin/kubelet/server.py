@@ -198,20 +198,6 @@ class _Listener:
         await asyncio.sleep(0)
 
 
-def raise_if_cancelled() -> None:
-    """In a loop that should end when its task is cancelled: pass on a cancellation that was
-    requested but swallowed on the way.
-
-    grpc.aio's server shutdown waits with `asyncio.wait_for`, which on Python 3.11 can swallow a
-    cancellation that arrives as the shutdown completes; the task would then go on as if never
-    cancelled, and a close waiting for it would wait in vain. Not for clean-up code, which may
-    run in a task being cancelled and must finish.
-    """
-    task = asyncio.current_task()
-    if task is not None and task.cancelling():
-        raise asyncio.CancelledError
-
-
 class ResourceServer:
     """Serves one resource's plan to kubelet; see the module docstring for the lifecycle."""
 

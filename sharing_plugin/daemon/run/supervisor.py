@@ -29,13 +29,12 @@ from pathlib import Path
 
 from sharing_plugin.daemon.node.recheck import HELD_RECHECK_S, HeldRecheck
 from sharing_plugin.errors import KubeletError
-from sharing_plugin.kit.tasks import TaskOwner
+from sharing_plugin.kit.tasks import TaskOwner, raise_if_cancelled
 from sharing_plugin.kubelet.grants import RECORD_WINDOW_S, GrantLedger
 from sharing_plugin.kubelet.podresources import LastAnswer, PodResourcesClient
 from sharing_plugin.kubelet.server import (
     AllocateContext,
     ResourceServer,
-    raise_if_cancelled,
     remove_stale_sockets,
 )
 from sharing_plugin.observability.metrics import Metrics
