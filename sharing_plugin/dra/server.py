@@ -21,7 +21,6 @@ import asyncio
 import logging
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
 
 import grpc
 
@@ -45,11 +44,9 @@ from sharing_plugin.dra.prepare import ClaimPreparer
 from sharing_plugin.dra.servicer import DraServicerV1, DraServicerV1Beta1
 from sharing_plugin.errors import KubeletError
 from sharing_plugin.kit import unix_grpc
+from sharing_plugin.kit.unix_grpc import Context
 
 log = logging.getLogger(__name__)
-
-Context = grpc.aio.ServicerContext[Any, Any]
-STOP_GRACE_S = 0.5
 
 
 def registration_socket(kubelet_dir: Path, driver: str) -> Path:
@@ -169,7 +166,7 @@ class DraPluginServer:
                 continue
             # Removed before the server stops, so the kubelet stops dialling a closing socket.
             path.unlink(missing_ok=True)
-            await server.stop(STOP_GRACE_S)
+            await server.stop(unix_grpc.STOP_GRACE_S)
         self.registration.registered.clear()
 
     def _add_dra_services(self, server: grpc.aio.Server) -> None:

@@ -25,6 +25,8 @@ from sharing_plugin.errors import KubeletError
 __all__ = [
     "MAX_SOCKET_PATH_BYTES",
     "READY_TIMEOUT_S",
+    "STOP_GRACE_S",
+    "Context",
     "SocketState",
     "check_answers",
     "check_socket_path",
@@ -37,6 +39,12 @@ __all__ = [
 MAX_SOCKET_PATH_BYTES = 107
 # How long a fresh server may take to answer on its own socket.
 READY_TIMEOUT_S = 2.0
+# How long the calls that can still finish get when a server stops: short, so that SIGTERM ->
+# exit stays within 2 s with every server stopping at once.
+STOP_GRACE_S = 0.5
+
+# What a servicer's method is handed (grpc's stubs leave its request and response types open).
+Context = grpc.aio.ServicerContext[Any, Any]
 
 
 def socket_path_bytes(path: Path) -> int:

@@ -75,7 +75,6 @@ SERVER_OPTIONS = (
 # Bounded so that SIGTERM -> exit stays within 2 s with every resource stopping at once: the
 # calls that can finish get STOP_GRACE_S, grpc's shutdown after them SHUTDOWN_BOUND_S (twice
 # that when it was graceful and had to cancel at the end).
-STOP_GRACE_S = 0.5
 SHUTDOWN_BOUND_S = 0.1
 # Kubelet picks devices from the list it holds and calls Allocate two RPCs later
 # (GetPreferredAllocation first); a device withdrawn while it was Healthy is honoured this long.
@@ -171,7 +170,7 @@ class _Listener:
         # Ending our streams first lets the server stop as soon as the calls that can finish
         # have, instead of waiting out a grace period on streams that never end by themselves.
         self.servicer.broadcast(final, final=True)
-        await self.servicer.wait_calls_ended(STOP_GRACE_S)
+        await self.servicer.wait_calls_ended(unix_grpc.STOP_GRACE_S)
         if self.servicer.unfinished():
             # Streams whose readers do not read: cancelled now.
             shutdown, bound = asyncio.ensure_future(self.server.stop(None)), SHUTDOWN_BOUND_S

@@ -26,13 +26,13 @@ import json
 import logging
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
 
 import grpc
 
 from sharing_plugin.errors import KubeletError
 from sharing_plugin.kit import unix_grpc
 from sharing_plugin.kit.lifecycle import Service
+from sharing_plugin.kit.unix_grpc import Context
 from sharing_plugin.kubelet.api.constants import (
     DEVICE_PLUGINS_DIR,
     KUBELET_CHECKPOINT,
@@ -73,9 +73,7 @@ class _Registration(dp_grpc.RegistrationServicer):
     def __init__(self, kubelet: KubeletSimulator) -> None:
         self._kubelet = kubelet
 
-    async def Register(
-        self, request: dp.RegisterRequest, context: grpc.aio.ServicerContext[Any, Any]
-    ) -> dp.Empty:
+    async def Register(self, request: dp.RegisterRequest, context: Context) -> dp.Empty:
         refusal = await self._kubelet._register(request)
         if refusal is not None:
             # Kubelet returns a plain Go error, which reaches the plugin as UNKNOWN.
