@@ -73,13 +73,17 @@ def check_socket_paths(kubelet_dir: Path) -> None:
     AF_UNIX paths hold 107 bytes. Our socket names shrink their resource slug to fit, down to
     `sharing-<8 hex>.sock`; that shortest name and kubelet's own two sockets must fit.
     """
-    from sharing_plugin.errors import KubeletError
+    from sharing_plugin.kit.unix_grpc import (
+        MAX_SOCKET_PATH_BYTES,
+        check_socket_path,
+        socket_path_bytes,
+    )
     from sharing_plugin.kubelet.api.constants import (
         DEVICE_PLUGINS_DIR,
         KUBELET_SOCKET,
         POD_RESOURCES_DIR,
     )
-    from sharing_plugin.kubelet.server import MAX_SOCKET_PATH_BYTES, socket_name
+    from sharing_plugin.kubelet.server import socket_name
 
     ours = socket_name("")  # the shortest: the slug is dropped where the directory is long
     sockets = (
@@ -87,17 +91,15 @@ def check_socket_paths(kubelet_dir: Path) -> None:
         (kubelet_dir / DEVICE_PLUGINS_DIR / KUBELET_SOCKET, "kubelet's registration socket"),
         (kubelet_dir / POD_RESOURCES_DIR / KUBELET_SOCKET, "kubelet's PodResources socket"),
     )
-    path, what = max(sockets, key=lambda socket: len(str(socket[0]).encode()))
-    size = len(str(path).encode())
-    if size > MAX_SOCKET_PATH_BYTES:
-        shown = path.with_name("sharing-xxxxxxxx.sock") if path.name == ours else path
-        over = size - MAX_SOCKET_PATH_BYTES
-        raise KubeletError(
-            f"socket path {shown} ({what}) is {size} bytes, over the "
-            f"{MAX_SOCKET_PATH_BYTES}-byte limit of a unix socket path: mount the kubelet "
-            f"directory at a path at least {over} byte{'s' if over > 1 else ''} shorter and "
-            "pass that as --kubelet-dir"
-        )
+    path, what = max(sockets, key=lambda socket: socket_path_bytes(socket[0]))
+    over = socket_path_bytes(path) - MAX_SOCKET_PATH_BYTES
+    check_socket_path(
+        path,
+        what=what,
+        shown=path.with_name("sharing-xxxxxxxx.sock") if path.name == ours else path,
+        advice=f"mount the kubelet directory at a path at least {over} "
+        f"byte{'s' if over > 1 else ''} shorter and pass that as --kubelet-dir",
+    )
 
 
 def _cmd_run(args: argparse.Namespace) -> int:

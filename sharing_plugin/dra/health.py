@@ -18,17 +18,14 @@ import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
-from typing import Any
-
-import grpc
 
 from sharing_plugin.dra.api.dra_health.v1alpha1 import api_pb2 as health
 from sharing_plugin.dra.api.dra_health.v1alpha1 import api_pb2_grpc as health_grpc
+from sharing_plugin.kit.unix_grpc import Context
 from sharing_plugin.views.dra_health import DeviceHealth
 
 log = logging.getLogger(__name__)
 
-Context = grpc.aio.ServicerContext[Any, Any]
 RESEND_S = 60.0
 TIMEOUT_S = 180
 

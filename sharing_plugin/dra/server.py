@@ -19,12 +19,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
-import socket
-import stat
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
 
 import grpc
 
@@ -47,13 +43,10 @@ from sharing_plugin.dra.health import DeviceHealthServicer
 from sharing_plugin.dra.prepare import ClaimPreparer
 from sharing_plugin.dra.servicer import DraServicerV1, DraServicerV1Beta1
 from sharing_plugin.errors import KubeletError
+from sharing_plugin.kit import unix_grpc
+from sharing_plugin.kit.unix_grpc import Context
 
 log = logging.getLogger(__name__)
-
-Context = grpc.aio.ServicerContext[Any, Any]
-MAX_SOCKET_PATH_BYTES = 107  # AF_UNIX sun_path holds 108 bytes with the terminating NUL
-STOP_GRACE_S = 0.5
-READY_TIMEOUT_S = 2.0
 
 
 def registration_socket(kubelet_dir: Path, driver: str) -> Path:
@@ -72,12 +65,7 @@ def plugin_dir(kubelet_dir: Path, driver: str) -> Path:
 def check_socket_paths(kubelet_dir: Path, driver: str) -> None:
     """Raise KubeletError when a socket path would not fit a unix socket address."""
     for path in (registration_socket(kubelet_dir, driver), dra_socket(kubelet_dir, driver)):
-        size = len(str(path).encode())
-        if size > MAX_SOCKET_PATH_BYTES:
-            raise KubeletError(
-                f"socket path {path} is {size} bytes, over the {MAX_SOCKET_PATH_BYTES}-byte "
-                "limit of a unix socket path: use a shorter --kubelet-dir or --driver-name"
-            )
+        unix_grpc.check_socket_path(path, advice="use a shorter --kubelet-dir or --driver-name")
 
 
 class RegistrationServicer(reg_grpc.RegistrationServicer):
@@ -178,7 +166,7 @@ class DraPluginServer:
                 continue
             # Removed before the server stops, so the kubelet stops dialling a closing socket.
             path.unlink(missing_ok=True)
-            await server.stop(STOP_GRACE_S)
+            await server.stop(unix_grpc.STOP_GRACE_S)
         self.registration.registered.clear()
 
     def _add_dra_services(self, server: grpc.aio.Server) -> None:
@@ -190,53 +178,34 @@ class DraPluginServer:
     def _add_registration(self, server: grpc.aio.Server) -> None:
         reg_grpc.add_RegistrationServicer_to_server(self.registration, server)
 
-    async def _listen(self, path: Path, add: Any) -> grpc.aio.Server:
+    async def _listen(self, path: Path, add: Callable[[grpc.aio.Server], None]) -> grpc.aio.Server:
         path.parent.mkdir(parents=True, exist_ok=True)
         _remove_stale(path)
-        server = grpc.aio.server()
-        add(server)
-        try:
-            server.add_insecure_port(f"unix://{path}")
-        except RuntimeError as exc:
-            raise KubeletError(
-                f"cannot listen on {path}: {exc}; check that the directory is writable"
-            ) from exc
-        await server.start()
-        return server
+        return await unix_grpc.serve(path, add, advice="check that the directory is writable")
 
     async def _check_answers(self) -> None:
-        async with grpc.aio.insecure_channel(
-            f"unix://{self.endpoint}", options=[("grpc.default_authority", "localhost")]
-        ) as channel:
-            try:
-                await v1_grpc.DRAPluginStub(channel).NodePrepareResources(
-                    v1.NodePrepareResourcesRequest(), timeout=READY_TIMEOUT_S, wait_for_ready=True
-                )
-            except grpc.aio.AioRpcError as exc:
-                raise KubeletError(
-                    f"DRA driver {self.driver} does not answer on its own socket "
-                    f"{self.endpoint}: {exc.code().name}: {exc.details()}"
-                ) from exc
+        await unix_grpc.check_answers(
+            self.endpoint,
+            lambda channel: v1_grpc.DRAPluginStub(channel).NodePrepareResources(
+                v1.NodePrepareResourcesRequest(),
+                timeout=unix_grpc.READY_TIMEOUT_S,
+                wait_for_ready=True,
+            ),
+            who=f"DRA driver {self.driver}",
+        )
 
 
 def _remove_stale(path: Path) -> None:
     """Remove a socket a killed run left at `path`; refuse one somebody still listens on."""
-    try:
-        mode = os.lstat(path).st_mode
-    except FileNotFoundError:
+    state = unix_grpc.probe(path)
+    if state is unix_grpc.SocketState.MISSING:
         return
-    if not stat.S_ISSOCK(mode):
+    if state is unix_grpc.SocketState.NOT_A_SOCKET:
         raise KubeletError(f"{path} exists and is not a socket: remove it")
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
-        probe.setblocking(False)
-        try:
-            probe.connect(str(path))
-        except (ConnectionRefusedError, FileNotFoundError):
-            path.unlink(missing_ok=True)
-            log.info("removed the stale socket %s of an earlier run", path)
-            return
-        except OSError:
-            pass
+    if state is unix_grpc.SocketState.STALE:
+        path.unlink(missing_ok=True)
+        log.info("removed the stale socket %s of an earlier run", path)
+        return
     raise KubeletError(
         f"another process serves {path}: is a second instance of this DRA driver running?"
     )

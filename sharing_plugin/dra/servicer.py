@@ -9,18 +9,13 @@ that fails has its error in its entry, and the call itself never fails for one c
 
 from __future__ import annotations
 
-from typing import Any
-
-import grpc
-
 from sharing_plugin.dra.api.dra.v1 import api_pb2 as v1
 from sharing_plugin.dra.api.dra.v1 import api_pb2_grpc as v1_grpc
 from sharing_plugin.dra.api.dra.v1beta1 import api_pb2 as v1beta1
 from sharing_plugin.dra.api.dra.v1beta1 import api_pb2_grpc as v1beta1_grpc
 from sharing_plugin.dra.claims import ClaimRef
 from sharing_plugin.dra.prepare import ClaimPreparer
-
-Context = grpc.aio.ServicerContext[Any, Any]
+from sharing_plugin.kit.unix_grpc import Context
 
 
 def _refs(claims: object) -> list[ClaimRef]:

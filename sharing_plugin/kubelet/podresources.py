@@ -14,6 +14,7 @@ Kubelet answers one `ContainerDevices` entry per device and NUMA node, so entrie
 from __future__ import annotations
 
 import logging
+from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 
 import grpc
@@ -32,6 +33,27 @@ log = logging.getLogger(__name__)
 # with many pods answers more than gRPC's default 4 MiB client limit.
 MAX_RECEIVE_BYTES = 16 * 1024 * 1024
 CALL_TIMEOUT_S = 2.0
+
+
+class LastAnswer:
+    """What pods hold per resource, as PodResources last answered.
+
+    While the kubelet cannot tell (restarting, or its socket not mounted), pods are taken to hold
+    what they held at its last answer (nothing before the first), so nothing a pod holds is
+    dropped or stopped because the kubelet restarts.
+    """
+
+    def __init__(self, ask: Callable[[], Awaitable[Mapping[str, frozenset[str]] | None]]) -> None:
+        """`ask` is PodResources' answer now (resource -> device IDs), None when it cannot tell."""
+        self._ask = ask
+        self.held: Mapping[str, frozenset[str]] = {}
+
+    async def ask(self) -> Mapping[str, frozenset[str]] | None:
+        """Ask now: the answer, or None when the kubelet cannot tell (`held` then stays)."""
+        answer = await self._ask()
+        if answer is not None:
+            self.held = answer
+        return answer
 
 
 class PodResourcesClient:

@@ -23,17 +23,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import re
 import secrets
-import socket
-import stat
 from dataclasses import replace
 from pathlib import Path
 
 import grpc
 
 from sharing_plugin.errors import KubeletError
+from sharing_plugin.kit import unix_grpc
 from sharing_plugin.kubelet import registration
 from sharing_plugin.kubelet.api.constants import (
     DEVICE_PLUGINS_DIR,
@@ -77,14 +75,10 @@ SERVER_OPTIONS = (
 # Bounded so that SIGTERM -> exit stays within 2 s with every resource stopping at once: the
 # calls that can finish get STOP_GRACE_S, grpc's shutdown after them SHUTDOWN_BOUND_S (twice
 # that when it was graceful and had to cancel at the end).
-STOP_GRACE_S = 0.5
 SHUTDOWN_BOUND_S = 0.1
-READY_TIMEOUT_S = 2.0
 # Kubelet picks devices from the list it holds and calls Allocate two RPCs later
 # (GetPreferredAllocation first); a device withdrawn while it was Healthy is honoured this long.
 WITHDRAWN_HONOURED_S = 5.0
-# AF_UNIX sun_path holds 108 bytes including the terminating NUL.
-MAX_SOCKET_PATH_BYTES = 107
 _UNSAFE = re.compile(r"[^a-z0-9.-]+")
 _OUR_SOCKET = re.compile(r"sharing-(?:[a-z0-9.-]*-)?[0-9a-f]{8}\.sock")
 _EMPTY_LIST = dp.ListAndWatchResponse().SerializeToString()
@@ -115,7 +109,7 @@ def remove_stale_sockets(kubelet_dir: Path) -> list[Path]:
         if not _OUR_SOCKET.fullmatch(path.name):
             continue
         try:
-            if not stat.S_ISSOCK(os.lstat(path).st_mode) or _listened_on(path):
+            if unix_grpc.probe(path) is not unix_grpc.SocketState.STALE:
                 continue
             path.unlink()
         except OSError as exc:
@@ -143,24 +137,11 @@ def live_sockets(kubelet_dir: Path) -> list[Path]:
         if not _OUR_SOCKET.fullmatch(path.name):
             continue
         try:
-            if stat.S_ISSOCK(os.lstat(path).st_mode) and _listened_on(path):
+            if unix_grpc.probe(path) is unix_grpc.SocketState.LIVE:
                 live.append(path)
         except OSError:
             continue
     return live
-
-
-def _listened_on(path: Path) -> bool:
-    """Whether a process accepts connections on the unix socket `path` (never blocks)."""
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
-        probe.setblocking(False)
-        try:
-            probe.connect(str(path))
-        except (ConnectionRefusedError, FileNotFoundError):
-            return False
-        except OSError:
-            return True  # e.g. EAGAIN, a full backlog: someone listens; when unsure, keep it
-        return True
 
 
 class _Listener:
@@ -189,7 +170,7 @@ class _Listener:
         # Ending our streams first lets the server stop as soon as the calls that can finish
         # have, instead of waiting out a grace period on streams that never end by themselves.
         self.servicer.broadcast(final, final=True)
-        await self.servicer.wait_calls_ended(STOP_GRACE_S)
+        await self.servicer.wait_calls_ended(unix_grpc.STOP_GRACE_S)
         if self.servicer.unfinished():
             # Streams whose readers do not read: cancelled now.
             shutdown, bound = asyncio.ensure_future(self.server.stop(None)), SHUTDOWN_BOUND_S
@@ -214,20 +195,6 @@ class _Listener:
         if calls:
             await asyncio.wait(calls, timeout=SHUTDOWN_BOUND_S)
         await asyncio.sleep(0)
-
-
-def raise_if_cancelled() -> None:
-    """In a loop that should end when its task is cancelled: pass on a cancellation that was
-    requested but swallowed on the way.
-
-    grpc.aio's server shutdown waits with `asyncio.wait_for`, which on Python 3.11 can swallow a
-    cancellation that arrives as the shutdown completes; the task would then go on as if never
-    cancelled, and a close waiting for it would wait in vain. Not for clean-up code, which may
-    run in a task being cancelled and must finish.
-    """
-    task = asyncio.current_task()
-    if task is not None and task.cancelling():
-        raise asyncio.CancelledError
 
 
 class ResourceServer:
@@ -359,26 +326,24 @@ class ResourceServer:
 
     async def _listen(self) -> _Listener:
         self._plugin_dir.mkdir(parents=True, exist_ok=True)
-        budget = MAX_SOCKET_PATH_BYTES - len(str(self._plugin_dir).encode()) - 1
+        limit = unix_grpc.MAX_SOCKET_PATH_BYTES
+        budget = limit - unix_grpc.socket_path_bytes(self._plugin_dir) - 1
         if budget < len("sharing-00000000.sock"):
             raise KubeletError(
                 f"cannot listen for {self._name}: {self._plugin_dir} is too long for a unix "
-                f"socket path ({MAX_SOCKET_PATH_BYTES} bytes at most); use a shorter kubelet dir"
+                f"socket path ({limit} bytes at most); use a shorter kubelet dir"
             )
         path = self._plugin_dir / socket_name(self._name, max_length=min(budget, 64))
         servicer = DevicePluginServicer(
             self._name, lambda: self._snapshot, self._metrics, self._grants
         )
-        server = grpc.aio.server(options=SERVER_OPTIONS)
-        add_to_server(servicer, server)
-        try:
-            server.add_insecure_port(f"unix://{path}")
-        except RuntimeError as exc:
-            raise KubeletError(
-                f"cannot listen for {self._name} on {path}: {exc}; check that the directory "
-                "exists and is writable by the plugin"
-            ) from exc
-        await server.start()
+        server = await unix_grpc.serve(
+            path,
+            lambda server: add_to_server(servicer, server),
+            options=SERVER_OPTIONS,
+            who=self._name,
+            advice="check that the directory exists and is writable by the plugin",
+        )
         listener = _Listener(server, servicer, path, self._lingering)
         try:
             await self._check_answers(path)
@@ -389,18 +354,13 @@ class ResourceServer:
         return listener
 
     async def _check_answers(self, path: Path) -> None:
-        async with grpc.aio.insecure_channel(
-            f"unix://{path}", options=[("grpc.default_authority", "localhost")]
-        ) as channel:
-            try:
-                await dp_grpc.DevicePluginStub(channel).GetDevicePluginOptions(
-                    dp.Empty(), timeout=READY_TIMEOUT_S, wait_for_ready=True
-                )
-            except grpc.aio.AioRpcError as exc:
-                raise KubeletError(
-                    f"device plugin for {self._name} does not answer on its own socket {path}: "
-                    f"{exc.code().name}: {exc.details()}"
-                ) from exc
+        await unix_grpc.check_answers(
+            path,
+            lambda channel: dp_grpc.DevicePluginStub(channel).GetDevicePluginOptions(
+                dp.Empty(), timeout=unix_grpc.READY_TIMEOUT_S, wait_for_ready=True
+            ),
+            who=f"device plugin for {self._name}",
+        )
 
     async def _register(self) -> None:
         listener = self._listener

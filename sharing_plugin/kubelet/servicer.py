@@ -42,6 +42,7 @@ import grpc
 from sharing_plugin.config.model import Flags
 from sharing_plugin.errors import AllocationError
 from sharing_plugin.gpus.inventory import Inventory
+from sharing_plugin.kit.unix_grpc import Context
 from sharing_plugin.kubelet import translate
 from sharing_plugin.kubelet.api.deviceplugin.v1beta1 import api_pb2 as dp
 from sharing_plugin.kubelet.grants import GrantLedger
@@ -56,7 +57,6 @@ from sharing_plugin.plan import (
 
 log = logging.getLogger(__name__)
 
-Context = grpc.aio.ServicerContext[Any, Any]
 
 # What the plugin offers kubelet; kubelet reads these from GetDevicePluginOptions, not from the
 # RegisterRequest, so both places must say the same.

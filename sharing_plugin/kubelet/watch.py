@@ -18,7 +18,7 @@ import logging
 from collections.abc import Awaitable, Callable, Iterable
 from pathlib import Path
 
-from sharing_plugin.fswatch import Change, DirectoryGone, DirectoryWatch, FileChange
+from sharing_plugin.kit.fswatch import Change, DirectoryGone, DirectoryWatch, FileChange
 from sharing_plugin.kubelet.api.constants import DEVICE_PLUGINS_DIR, KUBELET_SOCKET
 
 log = logging.getLogger(__name__)

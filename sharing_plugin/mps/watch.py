@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sharing_plugin.fswatch import DirectoryGone, DirectoryWatch
+from sharing_plugin.kit.fswatch import DirectoryGone, DirectoryWatch
 from sharing_plugin.mps.record import RECORD_FILE, DaemonRecord, read_record
 
 log = logging.getLogger(__name__)

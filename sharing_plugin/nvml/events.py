@@ -28,12 +28,12 @@ import contextlib
 import ctypes
 import logging
 import threading
-from types import TracebackType
 from typing import NamedTuple
 
 from sharing_plugin.errors import NvmlError
 from sharing_plugin.gpus.health_tracker import EVERY_EVENT_KIND, EventKind
 from sharing_plugin.gpus.inventory import Inventory
+from sharing_plugin.kit.lifecycle import Service
 from sharing_plugin.nvml.api import DeviceHandle, EventData, EventSetHandle, NvmlApi
 from sharing_plugin.nvml.calls import is_code, nvml_errors, text, to_nvml_error
 
@@ -81,7 +81,7 @@ class _Ready:
 _READY = _Ready()
 
 
-class NvmlEventWatch:
+class NvmlEventWatch(Service):
     """An async context manager and iterator of `NvmlEvent`s for the inventory's GPUs.
 
     ``async with NvmlEventWatch(nvml, inventory) as events: async for event in events: ...``
@@ -112,7 +112,7 @@ class NvmlEventWatch:
         """Set when the thread has freed its event set and shut its NVML session down."""
         self._uuid_by_handle: dict[int | None, str] = {}
 
-    async def __aenter__(self) -> NvmlEventWatch:
+    async def start(self) -> None:
         loop = asyncio.get_running_loop()
         # A daemon thread, not the loop's executor: a thread abandoned in an NVML wait must
         # not hold up the process's exit (the executor's threads are joined at exit).
@@ -120,21 +120,11 @@ class NvmlEventWatch:
             target=self._run, args=(loop,), name="nvml-health-events", daemon=True
         )
         self._thread.start()
-        try:
-            first = await self._queue.get()
-        except asyncio.CancelledError:
-            self._stop.set()
-            raise
+        first = await self._queue.get()  # a cancelled wait stops the thread on close
         if isinstance(first, BaseException):
             raise first  # the thread has already cleaned up
-        return self
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    async def close(self) -> None:
         # No join: the thread ends after its current NVML wait, on its own (see above).
         self._stop.set()
 

@@ -26,10 +26,10 @@ import logging
 import re
 from collections.abc import Awaitable, Callable
 from http import HTTPStatus
-from types import TracebackType
 from urllib.parse import urlsplit
 
 from sharing_plugin.errors import MetricsServerError
+from sharing_plugin.kit.lifecycle import Service
 from sharing_plugin.observability.metrics import CONTENT_TYPE, Metrics
 from sharing_plugin.observability.status import StatusBoard
 
@@ -93,7 +93,7 @@ class _BadRequest(Exception):
         self.status = status
 
 
-class MetricsServer:
+class MetricsServer(Service):
     """Serves one `Metrics` and one `StatusBoard`; use as ``async with MetricsServer(...) as s``.
 
     `port=0` picks a free port (tests); read the bound one from `port` once started.
@@ -171,18 +171,6 @@ class MetricsServer:
             task.cancel()
         await asyncio.gather(*connections, return_exceptions=True)
         await server.wait_closed()
-
-    async def __aenter__(self) -> MetricsServer:
-        await self.start()
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.close()
 
     # --- one connection ----------------------------------------------------------------------
 

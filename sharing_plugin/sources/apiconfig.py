@@ -27,9 +27,10 @@ from typing import TYPE_CHECKING, Any
 
 from sharing_plugin.config.loader import NamedConfigs, parse_config, select
 from sharing_plugin.errors import ConfigError, KubeApiError, Problem
+from sharing_plugin.kit.tasks import TaskOwner
 from sharing_plugin.sources.filewatch import ConfigSource
 from sharing_plugin.sources.kube import WATCH_TIMEOUT_S, ObjectFollower, ObjectRef
-from sharing_plugin.sources.update import ConfigUpdate, Trigger, fingerprint
+from sharing_plugin.sources.update import ConfigUpdate, Trigger, TriggeredSource, fingerprint
 
 if TYPE_CHECKING:
     from lightkube import AsyncClient
@@ -49,7 +50,7 @@ def parse_config_map_ref(value: str) -> tuple[str, str]:
     return namespace, name
 
 
-class ApiConfigSource:
+class ApiConfigSource(TriggeredSource):
     """Follows one ConfigMap through the API (see the module doc)."""
 
     def __init__(
@@ -86,10 +87,8 @@ class ApiConfigSource:
         self._serving_mounted = False
         self._mounted: ConfigUpdate | None = None  # the mounted copy's last outcome
         self.trouble: str | None = None  # the API's current problem, for /status
-        self._wake = asyncio.Event()
-        self._triggers: list[Trigger] = []
         self._last: tuple[object, ...] | None = None
-        self._stop = asyncio.Event()
+        super().__init__()
 
     @property
     def label(self) -> str:
@@ -117,28 +116,15 @@ class ApiConfigSource:
         self._take(obj)
         return self._remember(self._read(Trigger.START))
 
-    def trigger(self, trigger: Trigger) -> None:
-        """Select again now (SIGHUP, node label change); reported even if nothing changed."""
-        self._triggers.append(trigger)
-        self._wake.set()
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._wake.set()
-
     async def updates(self) -> AsyncGenerator[ConfigUpdate, None]:
         """Every new outcome until `stop()`: API edits, label changes, and the mounted copy's
         changes while the API does not answer."""
-        tasks = [asyncio.create_task(self.follower.run(), name=f"configmap:{self.label}")]
+        tasks = TaskOwner("configmap")
+        tasks.spawn(self.follower.run(), name=self.label)
         if self._fallback is not None:
-            tasks.append(asyncio.create_task(self._follow_mounted(), name="configmap:mounted"))
+            tasks.spawn(self._follow_mounted(), name="mounted")
         try:
-            while not self._stop.is_set():
-                await self._wake.wait()
-                self._wake.clear()
-                if self._stop.is_set():
-                    return
-                triggers, self._triggers = self._triggers, []
+            while (triggers := await self._woken()) is not None:
                 if not triggers:
                     continue
                 update = self._read(triggers[-1])
@@ -147,9 +133,7 @@ class ApiConfigSource:
                     continue
                 yield self._remember(update)
         finally:
-            for task in tasks:
-                task.cancel()
-            await asyncio.wait(tasks)
+            await tasks.close()
             if self._fallback is not None:
                 self._fallback.stop()
 

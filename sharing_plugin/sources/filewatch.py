@@ -28,9 +28,10 @@ from pathlib import Path
 
 from sharing_plugin.config.loader import select
 from sharing_plugin.errors import ConfigError, Problem
-from sharing_plugin.fswatch import DirectoryGone, DirectoryWatch
+from sharing_plugin.kit.fswatch import DirectoryGone, DirectoryWatch
+from sharing_plugin.kit.tasks import TaskOwner
 from sharing_plugin.sources.files import load_configs
-from sharing_plugin.sources.update import ConfigUpdate, Trigger, fingerprint
+from sharing_plugin.sources.update import ConfigUpdate, Trigger, TriggeredSource, fingerprint
 
 log = logging.getLogger(__name__)
 
@@ -38,7 +39,7 @@ _RETRY_MIN_S = 0.2
 _RETRY_MAX_S = 10.0
 
 
-class ConfigSource:
+class ConfigSource(TriggeredSource):
     """Reads the config at `path` and tells about every change to it (see the module doc)."""
 
     def __init__(
@@ -55,10 +56,8 @@ class ConfigSource:
         self._label_value = label_value or (lambda: None)
         self._debounce_s = debounce_ms / 1000
         self._error_settle_s = error_settle_ms / 1000
-        self._stop = asyncio.Event()
-        self._wake = asyncio.Event()
+        super().__init__()
         self._dirty = False
-        self._triggers: list[Trigger] = []
         self._last: tuple[object, ...] | None = None
 
     @property
@@ -88,34 +87,17 @@ class ConfigSource:
         """The config to start with (the same as `read`, for sources that must ask a server)."""
         return self.read(Trigger.START)
 
-    def trigger(self, trigger: Trigger) -> None:
-        """Force a re-read (SIGHUP, label change); it is reported even if nothing changed."""
-        self._triggers.append(trigger)
-        self._wake.set()
-
-    def stop(self) -> None:
-        """End `updates()`: the watch is released and the iterator returns."""
-        self._stop.set()
-        self._wake.set()
-
     async def updates(self) -> AsyncGenerator[ConfigUpdate, None]:
         """Every new outcome, until `stop()`; see the module doc for what counts as new.
 
         Once the watch is in place the path is read again, and that outcome is yielded if it
         differs from the last `read()` (a change between start-up and the watch is not lost).
         """
-        watcher: asyncio.Task[None] | None = None
+        tasks = TaskOwner("config-watch")
         if self._path is not None:
-            watcher = asyncio.create_task(
-                self._watch(self._path), name=f"config-watch:{self._path}"
-            )
+            tasks.spawn(self._watch(self._path), name=str(self._path), eternal=True)
         try:
-            while not self._stop.is_set():
-                await self._wake.wait()
-                self._wake.clear()
-                if self._stop.is_set():
-                    return
-                triggers, self._triggers = self._triggers, []
+            while (triggers := await self._woken()) is not None:
                 changed, self._dirty = self._dirty, False
                 if not triggers and not changed:
                     continue
@@ -129,8 +111,8 @@ class ConfigSource:
                 yield update
         finally:
             self._stop.set()
-            if watcher is not None:
-                await _finish(watcher)
+            # The watch only ever waits on the kernel: cancelling it is immediate.
+            await tasks.close()
 
     async def _settling(self) -> bool:
         """True if another change or trigger arrives within the settle time."""
@@ -190,12 +172,3 @@ def _watch_target(path: Path) -> tuple[Path, Callable[[Path], bool]]:
     while not ancestor.is_dir() and ancestor != ancestor.parent:
         ancestor = ancestor.parent
     return ancestor, lambda changed: changed == path or changed in path.parents
-
-
-async def _finish(task: asyncio.Task[None]) -> None:
-    """End the watch task: it only ever waits on the kernel, so cancelling it is immediate."""
-    task.cancel()
-    await asyncio.wait([task])
-    if not task.cancelled() and task.exception() is not None:
-        exc = task.exception()
-        log.error("config watch failed: %s", exc, exc_info=exc)

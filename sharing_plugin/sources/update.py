@@ -7,6 +7,7 @@ same `ConfigUpdate`, so the node pipeline treats them alike. What triggered an u
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -53,6 +54,36 @@ class ConfigUpdate:
     loaded: LoadedConfig | None
     error: ConfigError | None
     trigger: Trigger
+
+
+class TriggeredSource:
+    """What both sources share: the triggers waiting for the next read, and the stop."""
+
+    def __init__(self) -> None:
+        self._stop = asyncio.Event()
+        self._wake = asyncio.Event()
+        self._triggers: list[Trigger] = []
+
+    def trigger(self, trigger: Trigger) -> None:
+        """Read or select again now (SIGHUP, label change); reported even if nothing changed."""
+        self._triggers.append(trigger)
+        self._wake.set()
+
+    def stop(self) -> None:
+        """End `updates()`: what it follows is released and the iterator returns."""
+        self._stop.set()
+        self._wake.set()
+
+    async def _woken(self) -> list[Trigger] | None:
+        """Once woken, the triggers that came since the last wake-up; None once stopped."""
+        if self._stop.is_set():
+            return None
+        await self._wake.wait()
+        self._wake.clear()
+        if self._stop.is_set():
+            return None
+        triggers, self._triggers = self._triggers, []
+        return triggers
 
 
 def fingerprint(update: ConfigUpdate) -> tuple[object, ...]:

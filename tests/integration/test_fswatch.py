@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from sharing_plugin.fswatch import Change, DirectoryGone, DirectoryWatch, FileChange
+from sharing_plugin.kit.fswatch import Change, DirectoryGone, DirectoryWatch, FileChange
 
 
 async def test_a_burst_comes_as_one_batch_in_order(tmp_path: Path) -> None:

@@ -3,7 +3,7 @@ import logging
 
 import pytest
 
-from sharing_plugin.daemon.node.tasks import TaskOwner, TasksStuckError
+from sharing_plugin.kit.tasks import TaskOwner, TasksStuckError
 
 
 async def test_close_cancels_every_task() -> None:

@@ -21,17 +21,17 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from sharing_plugin.daemon.mps_control.keeper import DaemonKeeper, KeeperTiming
 from sharing_plugin.daemon.node.options import SourceOptions
 from sharing_plugin.daemon.node.outcome import Applied, Served
+from sharing_plugin.daemon.node.recheck import HELD_RECHECK_S, HeldRecheck
 from sharing_plugin.daemon.node.report import Reports
 from sharing_plugin.daemon.node.service import NodeService
 from sharing_plugin.dra.checkpoint import Checkpoint, checkpoint_path, held_by_resource
-from sharing_plugin.kubelet.podresources import PodResourcesClient
+from sharing_plugin.kubelet.podresources import LastAnswer, PodResourcesClient
 from sharing_plugin.mps import MpsControl
 from sharing_plugin.nvml.api import NvmlApi
 from sharing_plugin.plan.mps import MpsDaemon
@@ -54,7 +54,7 @@ class MpsControlOptions:
     limits_from_claims: bool = False
     driver_name: str = DEFAULT_DRIVER
     timing: KeeperTiming = field(default_factory=KeeperTiming)
-    recheck_s: float = 2.0  # how often PodResources is asked while a change waits for pods
+    recheck_s: float = HELD_RECHECK_S  # how often pods are asked about while a change waits
 
 
 @dataclass(slots=True)
@@ -79,9 +79,8 @@ class MpsController(NodeService):
         self._keepers: dict[str, _Kept] = {}
         self._wanted: dict[str, MpsDaemon] = {}
         self._lock = asyncio.Lock()
-        self._recheck: asyncio.Task[Any] | None = None
         self.pod_resources = PodResourcesClient(options.source.kubelet_dir)
-        self._last_held: Mapping[str, frozenset[str]] = {}  # PodResources' last answer
+        self._last_held = LastAnswer(self.pod_resources.held_devices)
         self.claims: Checkpoint | None = None
         if options.limits_from_claims:
             where = checkpoint_path(options.source.kubelet_dir, options.driver_name)
@@ -93,6 +92,9 @@ class MpsController(NodeService):
             nvml=nvml,
             kube_client=kube_client,
             reports=Reports(status=None, metrics=None),
+        )
+        self._recheck = HeldRecheck(
+            self._tasks, name="mps-recheck", every_s=options.recheck_s, again=self._reconcile
         )
 
     # --- lifecycle ---------------------------------------------------------------------------
@@ -122,8 +124,9 @@ class MpsController(NodeService):
 
     # --- daemons -----------------------------------------------------------------------------
 
-    async def _reconcile(self) -> None:
-        """Bring the running daemons in line with `_wanted`, sparing daemons pods still use."""
+    async def _reconcile(self) -> bool:
+        """Bring the running daemons in line with `_wanted`, sparing daemons pods still use;
+        whether a change waits for pods."""
         async with self._lock:
             held: dict[str, int] | None = None
             waiting = False
@@ -156,15 +159,14 @@ class MpsController(NodeService):
                 if want is not None:
                     self._keep(want)
             if waiting:
-                self._schedule_recheck()
+                self._recheck.schedule()
+            return waiting
 
     async def _held(self) -> dict[str, int]:
         """Devices pods hold, by resource: the kubelet's device-plugin devices, and in DRA mode
         the devices of the claims run-dra prepared (PodResources does not list those)."""
-        devices = await self.pod_resources.held_devices()
-        if devices is not None:  # unknown now (kubelet restarting): what it answered last
-            self._last_held = devices
-        held = {name: len(ids) for name, ids in self._last_held.items()}
+        await self._last_held.ask()
+        held = {name: len(ids) for name, ids in self._last_held.held.items()}
         if self.claims is not None:
             claims = await asyncio.to_thread(self.claims.peek)
             if claims is None:
@@ -187,12 +189,3 @@ class MpsController(NodeService):
         if retire:
             await kept.keeper.retire()
         # A replaced daemon is stopped by its successor, which finds it in the pipe directory.
-
-    def _schedule_recheck(self) -> None:
-        if self._recheck is None or self._recheck.done():
-            self._recheck = self._tasks.spawn(self._recheck_later(), name="mps-recheck")
-
-    async def _recheck_later(self) -> None:
-        await asyncio.sleep(self.options.recheck_s)
-        self._recheck = None
-        await self._reconcile()

@@ -15,9 +15,9 @@ import logging
 from collections.abc import Awaitable, Callable
 
 from sharing_plugin.config.model import Config
-from sharing_plugin.daemon.node.tasks import TaskOwner
 from sharing_plugin.errors import NvmlError, StartupError
 from sharing_plugin.gpus.inventory import Inventory
+from sharing_plugin.kit.tasks import TaskOwner
 from sharing_plugin.nvml.api import NvmlApi
 from sharing_plugin.nvml.discover import discover
 

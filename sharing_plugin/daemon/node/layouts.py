@@ -14,15 +14,15 @@ at the entry, saying why.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Mapping
 
 from sharing_plugin.config.model import Config
 from sharing_plugin.daemon.node.mig import MigReconciler
-from sharing_plugin.daemon.node.tasks import TaskOwner
+from sharing_plugin.daemon.node.recheck import HeldRecheck
 from sharing_plugin.errors import PlanError, Problem
 from sharing_plugin.gpus.inventory import Inventory
+from sharing_plugin.kit.tasks import TaskOwner
 from sharing_plugin.mig.desired import Holder
 from sharing_plugin.mig.select import entry_path
 from sharing_plugin.mig.state import GpuMigState, MigState
@@ -52,12 +52,12 @@ class MigLayouts:
         self._dynamic = dynamic or (lambda: NOT_HERE)
         self._status = status
         self._held_by = held_by
-        self._tasks = tasks
         self._retry = retry
-        self._retry_s = retry_s
         self._pending = False
         self._states: dict[str, GpuMigState] = {}
-        self._retrying: asyncio.Task[None] | None = None
+        self._retrying = HeldRecheck(
+            tasks, name="mig-retry", every_s=retry_s, again=self._retry_pending
+        )
 
     async def apply(self, config: Config, inventory: Inventory) -> tuple[Inventory, bool]:
         """Make the GPUs match `config`; returns the node as it is now and whether it changed.
@@ -77,7 +77,7 @@ class MigLayouts:
         self._record(outcome.states)
         self._pending = any(s.state is MigState.PENDING for s in self._states.values())
         if self._pending:
-            self._schedule_retry()
+            self._retrying.schedule()
         return outcome.inventory, outcome.changed
 
     def _record(self, outcome: Mapping[str, tuple[MigState, str | None]]) -> None:
@@ -100,16 +100,9 @@ class MigLayouts:
         """Every selected GPU's layout state after the last apply."""
         return self._states
 
-    def _schedule_retry(self) -> None:
-        if self._retrying is not None and not self._retrying.done():
-            return
-
-        async def retry() -> None:
-            while self._pending:
-                await asyncio.sleep(self._retry_s)
-                await self._retry()
-
-        self._retrying = self._tasks.spawn(retry(), name="mig-retry")
+    async def _retry_pending(self) -> bool:
+        await self._retry()
+        return self._pending
 
 
 NOT_HERE = (

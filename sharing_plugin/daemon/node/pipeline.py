@@ -36,10 +36,10 @@ from sharing_plugin.daemon.node.mig import MigReconciler
 from sharing_plugin.daemon.node.options import NodeReportOptions, SourceOptions
 from sharing_plugin.daemon.node.outcome import Applied, Outcome, Outcomes, Rejected, Served
 from sharing_plugin.daemon.node.report import NodeReport, Reports
-from sharing_plugin.daemon.node.tasks import TaskOwner
 from sharing_plugin.errors import PlanError, Problem, SharingPluginError, StartupError
 from sharing_plugin.gpus.health_tracker import Fault
 from sharing_plugin.gpus.inventory import Inventory
+from sharing_plugin.kit.tasks import TaskOwner
 from sharing_plugin.mig.desired import Holder
 from sharing_plugin.nvml.api import NvmlApi
 from sharing_plugin.plan.model import Plan

@@ -17,7 +17,8 @@ from sharing_plugin.daemon.node.options import SourceOptions
 from sharing_plugin.daemon.node.outcome import Applied, Served
 from sharing_plugin.daemon.node.pipeline import NO_FEATURES, NodePipeline, PipelineFeatures
 from sharing_plugin.daemon.node.report import Reports
-from sharing_plugin.daemon.node.tasks import Service, TaskOwner
+from sharing_plugin.kit.lifecycle import Service
+from sharing_plugin.kit.tasks import TaskOwner
 from sharing_plugin.nvml.api import NvmlApi
 from sharing_plugin.observability.http_server import MetricsServer
 from sharing_plugin.observability.metrics import Metrics

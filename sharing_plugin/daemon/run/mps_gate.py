@@ -18,7 +18,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from sharing_plugin.daemon.node.tasks import TaskOwner
+from sharing_plugin.kit.tasks import TaskOwner
 from sharing_plugin.mps import RecordView, current_view, watch_record
 from sharing_plugin.observability.metrics import Metrics
 from sharing_plugin.observability.status import StatusBoard

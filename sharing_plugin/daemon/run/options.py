@@ -7,6 +7,7 @@ from pathlib import Path
 
 from sharing_plugin.daemon.node.health_monitor import HealthEnv
 from sharing_plugin.daemon.node.options import NodeReportOptions, SourceOptions
+from sharing_plugin.daemon.node.recheck import HELD_RECHECK_S
 from sharing_plugin.kubelet.grants import RECORD_WINDOW_S
 
 
@@ -17,7 +18,7 @@ class RunOptions:
     source: SourceOptions = field(default_factory=SourceOptions)
     report: NodeReportOptions = field(default_factory=NodeReportOptions)
     metrics_address: tuple[str, int] | None = None
-    drain_recheck_s: float = 2.0  # how often PodResources is asked while devices drain
+    drain_recheck_s: float = HELD_RECHECK_S  # how often pods are asked about while devices drain
     # How long an Allocate grant counts as held when PodResources does not list it (see
     # kubelet/grants.py).
     grant_window_s: float = RECORD_WINDOW_S

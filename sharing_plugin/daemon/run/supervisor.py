@@ -27,14 +27,14 @@ import logging
 from collections.abc import Mapping
 from pathlib import Path
 
-from sharing_plugin.daemon.node.tasks import TaskOwner
+from sharing_plugin.daemon.node.recheck import HELD_RECHECK_S, HeldRecheck
 from sharing_plugin.errors import KubeletError
+from sharing_plugin.kit.tasks import TaskOwner, raise_if_cancelled
 from sharing_plugin.kubelet.grants import RECORD_WINDOW_S, GrantLedger
-from sharing_plugin.kubelet.podresources import PodResourcesClient
+from sharing_plugin.kubelet.podresources import LastAnswer, PodResourcesClient
 from sharing_plugin.kubelet.server import (
     AllocateContext,
     ResourceServer,
-    raise_if_cancelled,
     remove_stale_sockets,
 )
 from sharing_plugin.observability.metrics import Metrics
@@ -57,27 +57,26 @@ class Supervisor:
         metrics: Metrics,
         status: StatusBoard,
         pod_resources: PodResourcesClient | None,
-        drain_recheck_s: float = 2.0,
+        drain_recheck_s: float = HELD_RECHECK_S,
         grant_window_s: float = RECORD_WINDOW_S,
     ) -> None:
         self._kubelet_dir = kubelet_dir
         self._metrics = metrics
         self._status = status
         self._pod_resources = pod_resources
-        self._drain_recheck_s = drain_recheck_s
         self._servers: dict[str, ResourceServer] = {}
         self._advertised: Plan | None = None
         self._requested: tuple[Plan, AllocateContext] | None = None
         self._lock = asyncio.Lock()
         self._tasks = TaskOwner("supervisor")
+        self._draining = HeldRecheck(
+            self._tasks, name="drain-recheck", every_s=drain_recheck_s, again=self._recheck
+        )
         self._retries: dict[str, asyncio.Task[None]] = {}
-        self._drain_task: asyncio.Task[None] | None = None
         self._grants = GrantLedger(record_window_s=grant_window_s, on_late=self._late_grant)
         # grpc shutdowns of stopped servers that a client which does not read holds up.
         self.lingering: set[asyncio.Task[None]] = set()
-        # PodResources' last answer: while kubelet cannot answer (restarting), pods are taken to
-        # hold what they held then, so nothing draining vanishes for a kubelet restart.
-        self._last_held: dict[str, frozenset[str]] = {}
+        self._last_held = LastAnswer(self.held_devices)
         self._reapply: asyncio.Task[None] | None = None
         self._reapply_due = False
         self._started = False
@@ -116,16 +115,14 @@ class Supervisor:
             self._started = True
             remove_stale_sockets(self._kubelet_dir)
         asked_at = self._grants.now()
-        held = await self.held_devices()
+        held = await self._last_held.ask()
         # From here until every live server has its new snapshot, nothing awaits: an Allocate
         # is either in the ledger read below or answered from the new snapshot.
         self._grants.settle(held, asked_at=asked_at)
-        if held is not None:
-            self._last_held = held
         effective = with_draining(
             plan,
             self._advertised,
-            self._last_held,
+            self._last_held.held,
             granted=self._grants.outstanding(),
             node=context.inventory,
         )
@@ -159,14 +156,14 @@ class Supervisor:
         if not change.empty:
             log.info("applied plan: %s", change.describe())
         if draining:
-            self._watch_draining()
+            self._draining.schedule()
         return change
 
     def _report(self, effective: Plan, draining: Mapping[str, tuple[str, ...]]) -> None:
         granted = self._grants.outstanding()
         replicas_in_use: dict[str, int] = {}
         for resource in effective.resources:
-            held = self._last_held.get(resource.name, frozenset()) | {
+            held = self._last_held.held.get(resource.name, frozenset()) | {
                 d.id for d in granted.get(resource.name, ())
             }
             in_use = [d for d in resource.devices if d.id in held]
@@ -294,22 +291,14 @@ class Supervisor:
         except RuntimeError:
             log.debug("late grant while shutting down: nothing left to advertise it on")
 
-    def _watch_draining(self) -> None:
-        if self._drain_task is not None and not self._drain_task.done():
-            return
-
-        async def recheck() -> None:
-            while True:
-                await asyncio.sleep(self._drain_recheck_s)
-                async with self._lock:
-                    if self._requested is None:
-                        return
-                    await self._apply(*self._requested)
-                    advertised = self._advertised
-                    if advertised is None or not draining_ids(advertised, self._requested[0]):
-                        return
-
-        self._drain_task = self._tasks.spawn(recheck(), name="drain-recheck")
+    async def _recheck(self) -> bool:
+        """Apply the last plan again (a drained device disappears); whether any still drains."""
+        async with self._lock:
+            if self._requested is None:
+                return False
+            await self._apply(*self._requested)
+            advertised = self._advertised
+            return advertised is not None and bool(draining_ids(advertised, self._requested[0]))
 
     async def close(self) -> None:
         """Stop every resource server and remove its socket."""

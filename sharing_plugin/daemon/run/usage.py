@@ -37,8 +37,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from sharing_plugin.config.usage import DEFAULT_OVER_SHARE_SECONDS
-from sharing_plugin.daemon.node.tasks import TaskOwner
 from sharing_plugin.gpus.inventory import Inventory
+from sharing_plugin.kit.tasks import TaskOwner
 from sharing_plugin.kubelet.podresources import PodResourcesClient
 from sharing_plugin.nvml.api import NvmlApi
 from sharing_plugin.nvml.processes import ProcessReader

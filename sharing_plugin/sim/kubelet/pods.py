@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
 
 import grpc
 
+from sharing_plugin.kit.unix_grpc import Context
 from sharing_plugin.kubelet.api.deviceplugin.v1beta1 import api_pb2 as dp
 from sharing_plugin.kubelet.api.podresources.v1 import api_pb2 as pr
 from sharing_plugin.kubelet.api.podresources.v1 import api_pb2_grpc as pr_grpc
@@ -111,7 +111,7 @@ class PodResourcesServicer(pr_grpc.PodResourcesListerServicer):
         return pr.PodResources(name=pod.name, namespace=pod.namespace, containers=containers)
 
     async def List(
-        self, request: pr.ListPodResourcesRequest, context: grpc.aio.ServicerContext[Any, Any]
+        self, request: pr.ListPodResourcesRequest, context: Context
     ) -> pr.ListPodResourcesResponse:
         # The answer is taken now and may be held back before it is sent: it then tells the
         # state of this moment, as a slow kubelet's answer does.
@@ -121,7 +121,7 @@ class PodResourcesServicer(pr_grpc.PodResourcesListerServicer):
         return response
 
     async def GetAllocatableResources(
-        self, request: pr.AllocatableResourcesRequest, context: grpc.aio.ServicerContext[Any, Any]
+        self, request: pr.AllocatableResourcesRequest, context: Context
     ) -> pr.AllocatableResourcesResponse:
         # Kubelet answers with every device it knows (its allDevices), healthy or not.
         devices = [
@@ -132,7 +132,7 @@ class PodResourcesServicer(pr_grpc.PodResourcesListerServicer):
         return pr.AllocatableResourcesResponse(devices=devices)
 
     async def Get(
-        self, request: pr.GetPodResourcesRequest, context: grpc.aio.ServicerContext[Any, Any]
+        self, request: pr.GetPodResourcesRequest, context: Context
     ) -> pr.GetPodResourcesResponse:
         for pod in self._pods():
             if pod.name == request.pod_name and pod.namespace == request.pod_namespace:

@@ -26,12 +26,13 @@ import json
 import logging
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from types import TracebackType
-from typing import Any
 
 import grpc
 
 from sharing_plugin.errors import KubeletError
+from sharing_plugin.kit import unix_grpc
+from sharing_plugin.kit.lifecycle import Service
+from sharing_plugin.kit.unix_grpc import Context
 from sharing_plugin.kubelet.api.constants import (
     DEVICE_PLUGINS_DIR,
     KUBELET_CHECKPOINT,
@@ -67,17 +68,12 @@ log = logging.getLogger(__name__)
 # from capacity (devicemanager/types.go endpointStopGracePeriod).
 ENDPOINT_STOP_GRACE_PERIOD_S = 300.0
 
-# AF_UNIX sun_path holds 108 bytes including the terminating NUL.
-_MAX_SOCKET_PATH_BYTES = 107
-
 
 class _Registration(dp_grpc.RegistrationServicer):
     def __init__(self, kubelet: KubeletSimulator) -> None:
         self._kubelet = kubelet
 
-    async def Register(
-        self, request: dp.RegisterRequest, context: grpc.aio.ServicerContext[Any, Any]
-    ) -> dp.Empty:
+    async def Register(self, request: dp.RegisterRequest, context: Context) -> dp.Empty:
         refusal = await self._kubelet._register(request)
         if refusal is not None:
             # Kubelet returns a plain Go error, which reaches the plugin as UNKNOWN.
@@ -85,7 +81,7 @@ class _Registration(dp_grpc.RegistrationServicer):
         return dp.Empty()
 
 
-class KubeletSimulator:
+class KubeletSimulator(Service):
     """Serves Registration and PodResources under `kubelet_dir` and keeps kubelet's books."""
 
     def __init__(
@@ -100,11 +96,7 @@ class KubeletSimulator:
         self.registration_socket = self.plugin_dir / KUBELET_SOCKET
         self.pod_resources_socket = self.kubelet_dir / POD_RESOURCES_DIR / KUBELET_SOCKET
         for socket in (self.registration_socket, self.pod_resources_socket):
-            if len(str(socket).encode()) > _MAX_SOCKET_PATH_BYTES:
-                raise KubeletError(
-                    f"unix socket path {socket} is {len(str(socket).encode())} bytes, over the "
-                    f"{_MAX_SOCKET_PATH_BYTES}-byte limit of AF_UNIX: use a shorter kubelet dir"
-                )
+            unix_grpc.check_socket_path(socket, advice="use a shorter kubelet dir")
         self._grace_period = grace_period
         self._dial_timeout = dial_timeout
         self.registrations: list[Registration] = []
@@ -116,7 +108,7 @@ class KubeletSimulator:
         self._messages: dict[str, int] = {}
         self._grace_timers: dict[str, asyncio.TimerHandle] = {}
         self._waiters: set[asyncio.Future[None]] = set()
-        self._servers: list[grpc.aio.Server] = []
+        self._servers: dict[Path, grpc.aio.Server] = {}  # by socket
         self.pod_resources_gate = Gate(self._notify)
         self.allocate_gate = Gate(self._notify)
         self._admission = Admission(
@@ -125,53 +117,33 @@ class KubeletSimulator:
 
     # -- lifecycle ---------------------------------------------------------------------------
 
-    async def __aenter__(self) -> KubeletSimulator:
-        await self.start()
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.stop()
-
     async def start(self) -> None:
         """Clean `device-plugins/` as a starting kubelet does, then serve both sockets."""
         self.plugin_dir.mkdir(parents=True, exist_ok=True)
         self.pod_resources_socket.parent.mkdir(parents=True, exist_ok=True)
         self._clean_plugin_dir()
         self._write_checkpoint()
-        pod_resources = grpc.aio.server()
-        pr_grpc.add_PodResourcesListerServicer_to_server(
-            PodResourcesServicer(
-                pods=lambda: self._admission.pods.values(),
-                numa=lambda r: self._resources[r].numa if r in self._resources else {},
-                devices=lambda: {r: list(s.health) for r, s in self._resources.items()},
-                gate=self.pod_resources_gate,
-            ),
-            pod_resources,
+        pod_resources = PodResourcesServicer(
+            pods=lambda: self._admission.pods.values(),
+            numa=lambda r: self._resources[r].numa if r in self._resources else {},
+            devices=lambda: {r: list(s.health) for r, s in self._resources.items()},
+            gate=self.pod_resources_gate,
         )
         self.pod_resources_socket.unlink(missing_ok=True)
-        await self._serve(pod_resources, self.pod_resources_socket)
-        registration = grpc.aio.server()
-        dp_grpc.add_RegistrationServicer_to_server(_Registration(self), registration)
-        await self._serve(registration, self.registration_socket)
+        self._servers[self.pod_resources_socket] = await unix_grpc.serve(
+            self.pod_resources_socket,
+            lambda server: pr_grpc.add_PodResourcesListerServicer_to_server(pod_resources, server),
+        )
+        self._servers[self.registration_socket] = await unix_grpc.serve(
+            self.registration_socket,
+            lambda server: dp_grpc.add_RegistrationServicer_to_server(_Registration(self), server),
+        )
         self._notify()
 
-    async def _serve(self, server: grpc.aio.Server, socket: Path) -> None:
-        try:
-            server.add_insecure_port(f"unix://{socket}")
-        except RuntimeError as exc:
-            raise KubeletError(f"cannot listen on {socket}: {exc}") from exc
-        await server.start()
-        self._servers.append(server)
-
-    async def stop(self) -> None:
+    async def close(self) -> None:
         """Stop serving, drop every plugin connection, remove our sockets."""
-        servers, self._servers = self._servers, []
-        for server in servers:
+        servers, self._servers = self._servers, {}
+        for server in servers.values():
             await server.stop(None)
         for timer in self._grace_timers.values():
             timer.cancel()
@@ -180,10 +152,13 @@ class KubeletSimulator:
             endpoint, state.endpoint = state.endpoint, None
             if endpoint is not None:
                 await endpoint.close()
-        # Go's net.UnixListener removes its socket file on close.
-        self.registration_socket.unlink(missing_ok=True)
-        self.pod_resources_socket.unlink(missing_ok=True)
+        # Go's net.UnixListener removes its socket file on close (and only a listener's own:
+        # a start that failed to bind one leaves what was in the way).
+        for socket in servers:
+            socket.unlink(missing_ok=True)
         self._notify()
+
+    stop = close  # what a test says to a kubelet that goes away
 
     async def restart(self) -> None:
         """A kubelet restart: plugins lose their connection and must register again.
@@ -191,7 +166,7 @@ class KubeletSimulator:
         Pod allocations survive (kubelet reads them back from its checkpoint); device sets do
         not (a restarted kubelet knows a resource but advertises 0 until its plugin registers).
         """
-        await self.stop()
+        await self.close()
         self.registrations.clear()
         for state in self._resources.values():
             state.clear()

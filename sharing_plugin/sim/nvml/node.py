@@ -20,7 +20,12 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from pydantic.alias_generators import to_camel
 
 from sharing_plugin.errors import ConfigError, Problem
-from sharing_plugin.sim.nvml.workload import Process, UtilizationCall, read_entries
+from sharing_plugin.sim.nvml.workload import (
+    Process,
+    UtilizationCall,
+    read_entries,
+    read_node_file,
+)
 
 PRESET_PACKAGE = "sharing_plugin.sim.nvml.presets"
 DEFAULT_DRIVER_VERSION = "550.54.15"  # an R550 driver: no per-cgroup memory limits
@@ -178,11 +183,8 @@ def read_faults(path: Path) -> tuple[Fault, ...] | None:
 def read_driver_loaded(path: Path) -> bool | None:
     """The current `driverLoaded` of a node file, or None when it cannot be read or parsed now
     (half-written: the caller keeps what it had)."""
-    try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except (OSError, yaml.YAMLError, ValueError, OverflowError):
-        return None
-    if not isinstance(data, dict):
+    data = read_node_file(path)
+    if data is None:
         return None
     loaded = data.get("driverLoaded", True)
     return loaded if isinstance(loaded, bool) else None

@@ -79,16 +79,23 @@ def read_entries(path: Path, key: str, model: type[Entry]) -> tuple[Entry, ...] 
     Called while the file is being edited, so a half-written file is not an error: the caller
     keeps what it had and looks again at the next change.
     """
-    try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except (OSError, yaml.YAMLError, ValueError, OverflowError):
-        return None
-    if not isinstance(data, dict):
+    data = read_node_file(path)
+    if data is None:
         return None
     try:
         return tuple(model.model_validate(e) for e in (data.get(key) or ()))
     except ValidationError:
         return None
+
+
+def read_node_file(path: Path) -> dict[str, Any] | None:
+    """A node file's top-level mapping now; None when it cannot be read or parsed (an edit
+    caught half-way)."""
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, yaml.YAMLError, ValueError, OverflowError):
+        return None
+    return data if isinstance(data, dict) else None
 
 
 def read_processes(path: Path) -> tuple[Process, ...] | None:

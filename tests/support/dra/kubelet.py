@@ -43,7 +43,7 @@ from sharing_plugin.dra.api.dra.v1beta1 import api_pb2_grpc as v1beta1_grpc
 from sharing_plugin.dra.api.pluginregistration.v1 import api_pb2 as reg
 from sharing_plugin.dra.api.pluginregistration.v1 import api_pb2_grpc as reg_grpc
 from sharing_plugin.dra.claims import ClaimRef
-from sharing_plugin.fswatch import Change, DirectoryWatch
+from sharing_plugin.kit.fswatch import Change, DirectoryWatch
 
 log = logging.getLogger(__name__)
 

@@ -19,10 +19,11 @@ import errno
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
-from types import TracebackType
 from typing import overload
 
 from asyncinotify import Event, Inotify, Mask
+
+from sharing_plugin.kit.lifecycle import Service
 
 __all__ = ["Change", "DirectoryGone", "DirectoryWatch", "FileChange"]
 
@@ -57,7 +58,7 @@ class DirectoryGone(OSError):
     """The watched directory was removed, moved or unmounted: its watch is dead."""
 
 
-class DirectoryWatch:
+class DirectoryWatch(Service):
     """An inotify watch on `directory`; `changes()` returns the next burst of changes in it."""
 
     def __init__(
@@ -70,7 +71,7 @@ class DirectoryWatch:
         self._gone = False
         self._pending: asyncio.Future[Event] | None = None
 
-    async def __aenter__(self) -> DirectoryWatch:
+    async def start(self) -> None:
         inotify = Inotify()
         try:
             inotify.add_watch(self.directory, _MASK)
@@ -81,14 +82,8 @@ class DirectoryWatch:
             inotify.close()
             raise OSError(f"cannot watch {self.directory}: {exc}") from exc
         self._inotify = inotify
-        return self
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    async def close(self) -> None:
         inotify, self._inotify = self._inotify, None
         pending, self._pending = self._pending, None
         if pending is not None:

@@ -11,9 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Collection, Coroutine
-from types import TracebackType
-from typing import Any, Self
+from collections.abc import Coroutine
+from typing import Any
 
 log = logging.getLogger(__name__)
 
@@ -70,34 +69,15 @@ class TaskOwner:
                 raise TasksStuckError(f"{self._name}: did not stop within {grace:.1f}s: {names}")
 
 
-class Service:
-    """An async context manager that starts in order and always closes: what every long-running
-    part of the process (the plugin, the MPS controller, the DRA plugin) is. A start that fails
-    half-way closes what it had started before the error goes on."""
+def raise_if_cancelled() -> None:
+    """In a loop that should end when its task is cancelled: pass on a cancellation that was
+    requested but swallowed on the way.
 
-    async def start(self) -> None:
-        raise NotImplementedError
-
-    async def close(self) -> None:
-        raise NotImplementedError
-
-    def held_up(self) -> Collection[asyncio.Task[Any]]:
-        """What a closed service leaves running because a peer holds it up (a grpc server's
-        shutdown that a client which does not read holds): none unless a service says so."""
-        return ()
-
-    async def __aenter__(self) -> Self:
-        try:
-            await self.start()
-        except BaseException:
-            await self.close()
-            raise
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.close()
+    grpc.aio's server shutdown waits with `asyncio.wait_for`, which on Python 3.11 can swallow a
+    cancellation that arrives as the shutdown completes; the task would then go on as if never
+    cancelled, and a close waiting for it would wait in vain. Not for clean-up code, which may
+    run in a task being cancelled and must finish.
+    """
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        raise asyncio.CancelledError
