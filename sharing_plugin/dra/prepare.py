@@ -24,11 +24,11 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from sharing_plugin.config.model import Flags
-from sharing_plugin.dra.cdi import CdiSpecDir
 from sharing_plugin.dra.checkpoint import Checkpoint, PreparedClaim, PreparedDevice
 from sharing_plugin.dra.claims import ClaimReader, ClaimRef
 from sharing_plugin.dra.partitions import ClaimInstances, Partitioner
 from sharing_plugin.errors import AllocationError, KubeApiError, NvmlError
+from sharing_plugin.kit.cdi import CdiSpecDir
 from sharing_plugin.plan.model import Plan
 from sharing_plugin.views.cdi import cdi_id, claim_spec, spec_file_name
 from sharing_plugin.views.dra import DraDevice

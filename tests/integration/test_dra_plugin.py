@@ -16,13 +16,13 @@ from support.dra.kubelet import DraKubeletSimulator
 from sharing_plugin.config.base import SharedDevices
 from sharing_plugin.config.model import Config
 from sharing_plugin.dra.api.constants import V1_SERVICE, V1BETA1_SERVICE
-from sharing_plugin.dra.cdi import CdiSpecDir
 from sharing_plugin.dra.checkpoint import CHECKPOINT_FILE, Checkpoint
 from sharing_plugin.dra.claims import Claim, ClaimRef, claim_from_document
 from sharing_plugin.dra.prepare import ClaimPreparer, PoolState
 from sharing_plugin.dra.server import DraPluginServer, plugin_dir
 from sharing_plugin.errors import KubeApiError, KubeletError
 from sharing_plugin.gpus.inventory import Inventory
+from sharing_plugin.kit.cdi import CdiSpecDir
 from sharing_plugin.plan import Plan
 from sharing_plugin.views.dra import dra_devices
 

@@ -47,7 +47,6 @@ from sharing_plugin.daemon.run_dra.conflicts import (
 from sharing_plugin.daemon.run_dra.features import ServerFeatures
 from sharing_plugin.daemon.run_dra.mig import NodePartitioner, claim_holders
 from sharing_plugin.daemon.run_dra.pool import PoolKeeper
-from sharing_plugin.dra.cdi import CdiSpecDir
 from sharing_plugin.dra.checkpoint import Checkpoint, checkpoint_path
 from sharing_plugin.dra.claims import ApiClaimReader
 from sharing_plugin.dra.health import DeviceHealthServicer
@@ -56,6 +55,7 @@ from sharing_plugin.dra.resources import discover_version
 from sharing_plugin.dra.server import DraPluginServer
 from sharing_plugin.dra.slices import SlicePublisher
 from sharing_plugin.errors import KubeApiError, StartupError
+from sharing_plugin.kit.cdi import CdiSpecDir
 from sharing_plugin.mig.desired import Holder
 from sharing_plugin.nvml.api import NvmlApi
 from sharing_plugin.sources.update import Trigger

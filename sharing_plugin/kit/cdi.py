@@ -1,4 +1,4 @@
-"""CDI spec files in `--cdi-dir`: written whole or not at all, removed on unprepare.
+"""CDI spec files in `--cdi-dir`: written whole or not at all, removed when no longer needed.
 
 Container runtimes (containerd, CRI-O) watch the CDI directories and read every `*.json` and
 `*.yaml` file in them; a spec they read half-written would fail the container that needs it.
