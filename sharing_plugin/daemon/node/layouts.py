@@ -40,7 +40,7 @@ class MigLayouts:
         reconciler: MigReconciler,
         *,
         status: StatusBoard,
-        held_by: Callable[[], Awaitable[Mapping[str, Holder] | None]],
+        held_by: Callable[[Inventory], Awaitable[Mapping[str, Holder] | None]],
         tasks: TaskOwner,
         retry: Callable[[], Awaitable[None]],
         retry_s: float,
@@ -73,7 +73,8 @@ class MigLayouts:
             raise PlanError(checked.problems)
         if config.partitioning is None and not self._states:
             return inventory, False
-        outcome = await self._reconciler.reconcile(config, inventory, await self._held_by())
+        held = await self._held_by(inventory)
+        outcome = await self._reconciler.reconcile(config, inventory, held)
         self._record(outcome.states)
         self._pending = any(s.state is MigState.PENDING for s in self._states.values())
         if self._pending:
