@@ -324,11 +324,11 @@ class NodePipeline(Generic[Checked]):
         """Make the GPUs' MIG layout match `partitioning.mig`; the node as it is afterwards."""
         if self._layouts is None:
             return inventory
-        inventory, changed = await self._layouts.apply(config, inventory)
-        self.reports.node.mig(self._layouts.states, inventory)
-        if changed:
-            self._node_changed(inventory)
-        return inventory
+        done = await self._layouts.apply(config, inventory)
+        self.reports.node.mig(done.states, done.inventory)
+        if done.changed:
+            self._node_changed(done.inventory)
+        return done.inventory
 
     def _node_changed(self, inventory: Inventory) -> None:
         """The GPUs are now as `inventory` says: later updates plan on it, and health events
