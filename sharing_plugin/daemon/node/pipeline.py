@@ -40,13 +40,7 @@ from sharing_plugin.daemon.node.layouts import MigLayouts
 from sharing_plugin.daemon.node.mig import MigReconciler
 from sharing_plugin.daemon.node.node_side import Connection, NodeSide
 from sharing_plugin.daemon.node.options import SourceOptions
-from sharing_plugin.daemon.node.outcome import (
-    Applied,
-    NodeView,
-    Outcome,
-    Outcomes,
-    Rejected,
-)
+from sharing_plugin.daemon.node.outcome import Applied, NodeView, Outcome, Outcomes, Rejected
 from sharing_plugin.daemon.node.report import Reports
 from sharing_plugin.daemon.node.tasks import TaskOwner
 from sharing_plugin.errors import PlanError, Problem, SharingPluginError, StartupError
