@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from sharing_plugin.daemon.mps_control.keeper import DaemonKeeper, KeeperTiming
 from sharing_plugin.daemon.node.options import SourceOptions
-from sharing_plugin.daemon.node.outcome import Applied, Served
+from sharing_plugin.daemon.node.outcome import NodeView, Served
 from sharing_plugin.daemon.node.recheck import HELD_RECHECK_S, HeldRecheck
 from sharing_plugin.daemon.node.report import Reports
 from sharing_plugin.daemon.node.service import NodeService
@@ -63,7 +63,7 @@ class _Kept:
     task: asyncio.Task[Any]
 
 
-class MpsController(NodeService):
+class MpsController(NodeService[None]):
     """The `mps-control` process: config in, one supervised control daemon per MPS resource."""
 
     def __init__(
@@ -113,11 +113,14 @@ class MpsController(NodeService):
 
     # --- the pipeline's consumer ---------------------------------------------------------------
 
-    async def apply(self, applied: Applied) -> Served:
+    def check(self, node: NodeView) -> None:
+        """Every plan can be served."""
+
+    async def apply(self, node: NodeView, checked: None) -> Served:
         async with self._lock:
             self._wanted = {
                 d.resource: d.for_claims() if self.options.limits_from_claims else d
-                for d in applied.plan.mps
+                for d in node.applied.plan.mps
             }
         await self._reconcile()
         return Served(f"MPS daemons for {', '.join(self._wanted) or 'no resource'}")

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
 
 from sharing_plugin.config.model import Config
 from sharing_plugin.daemon.node.mig import MigReconciler
@@ -32,6 +33,15 @@ from sharing_plugin.plan.node import plan_node
 log = logging.getLogger(__name__)
 
 
+@dataclass(frozen=True, slots=True)
+class Partitioned:
+    """The node after an apply, whether it changed, and every selected GPU's layout state."""
+
+    inventory: Inventory
+    changed: bool
+    states: Mapping[str, GpuMigState]
+
+
 class MigLayouts:
     """Applies declared MIG layouts and retries the pending ones."""
 
@@ -40,7 +50,7 @@ class MigLayouts:
         reconciler: MigReconciler,
         *,
         status: StatusBoard,
-        held_by: Callable[[], Awaitable[Mapping[str, Holder] | None]],
+        held_by: Callable[[Inventory], Awaitable[Mapping[str, Holder] | None]],
         tasks: TaskOwner,
         retry: Callable[[], Awaitable[None]],
         retry_s: float,
@@ -59,8 +69,8 @@ class MigLayouts:
             tasks, name="mig-retry", every_s=retry_s, again=self._retry_pending
         )
 
-    async def apply(self, config: Config, inventory: Inventory) -> tuple[Inventory, bool]:
-        """Make the GPUs match `config`; returns the node as it is now and whether it changed.
+    async def apply(self, config: Config, inventory: Inventory) -> Partitioned:
+        """Make the GPUs match `config`; the node as it is now, whether it changed, the states.
 
         Raises PlanError (nothing touched) when a declared layout cannot fit its GPU, or when
         the config does not fit the node as the layouts would leave it.
@@ -72,13 +82,14 @@ class MigLayouts:
         if checked.problems:
             raise PlanError(checked.problems)
         if config.partitioning is None and not self._states:
-            return inventory, False
-        outcome = await self._reconciler.reconcile(config, inventory, await self._held_by())
+            return Partitioned(inventory, False, self._states)
+        held = await self._held_by(inventory)
+        outcome = await self._reconciler.reconcile(config, inventory, held)
         self._record(outcome.states)
         self._pending = any(s.state is MigState.PENDING for s in self._states.values())
         if self._pending:
             self._retrying.schedule()
-        return outcome.inventory, outcome.changed
+        return Partitioned(outcome.inventory, outcome.changed, self._states)
 
     def _record(self, outcome: Mapping[str, tuple[MigState, str | None]]) -> None:
         """Keep and show the new states; a state that is not applied is logged when it changes,
@@ -94,11 +105,6 @@ class MigLayouts:
     def pending(self) -> bool:
         """Whether a layout waits (for a pod, a claim or a GPU reset) and is being retried."""
         return self._pending
-
-    @property
-    def states(self) -> Mapping[str, GpuMigState]:
-        """Every selected GPU's layout state after the last apply."""
-        return self._states
 
     async def _retry_pending(self) -> bool:
         await self._retry()

@@ -1,21 +1,25 @@
-"""The values the node pipeline hands its consumers and publishes: `Applied` or `Rejected`.
+"""The values the node pipeline hands its consumers and publishes: `Applied` or `Rejected`,
+and the `NodeView` a consumer serves.
 
 Every config update (a read of the config, or the last good one carried out again on a changed
 node) ends in exactly one of them. Consumers (`run`'s device plugin, `run-dra`'s pool, the MPS
-controller) act on `Applied`; both are published to whoever subscribed (`Outcomes`), which is
-how tests wait for an update to be handled instead of polling the daemon's state.
+controller) are handed a `NodeView` of each `Applied`, and again whenever the node changes under
+it, so that they never ask the pipeline for its state; both outcomes are published to whoever
+subscribed (`Outcomes`), which is how tests wait for an update to be handled instead of polling
+the daemon's state.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TypeVar
 
 from sharing_plugin.config.loader import LoadedConfig
 from sharing_plugin.config.model import Config
 from sharing_plugin.errors import Problem
+from sharing_plugin.gpus.health_tracker import Fault
 from sharing_plugin.gpus.inventory import Inventory
 from sharing_plugin.plan.model import Plan
 from sharing_plugin.sources.update import Trigger
@@ -46,6 +50,24 @@ class Applied:
     def shown_name(self) -> str:
         """How logs name this config: its name, else its file, else `<default>`."""
         return self.name or (self.loaded.file if self.loaded else "<default>")
+
+
+@dataclass(frozen=True, slots=True)
+class NodeView:
+    """The node for the change at hand, as a consumer serves it: the `Applied` config, its plan
+    with GPU health applied, and the node's GPUs and faults as they are now.
+
+    `plan` is `applied.plan` with the devices of Unhealthy GPUs marked, when health checks are on
+    for its config; `unhealthy` holds those GPU and MIG UUIDs (empty when health checks are off).
+    `inventory` may be newer than `applied.inventory` (a MIG instance made or destroyed for a DRA
+    claim since). `faults` says why each Unhealthy device is so, as the health watch last said.
+    """
+
+    applied: Applied
+    plan: Plan
+    inventory: Inventory
+    unhealthy: frozenset[str]
+    faults: Mapping[str, Fault]
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,8 +1,8 @@
 """The one node pipeline: config in, `Applied` or `Rejected` out, for every serving command.
 
     pipeline = NodePipeline(options.source, nvml=nvml, consumer=self, tasks=..., reports=...)
-    await pipeline.connect()   # the API client, the node label, the node status reporter
-    await pipeline.start()     # the config source, the first update, then every later one
+    api = await pipeline.connect()   # the API client, the node label, the node status reporter
+    first = await pipeline.start()   # the config source, the first update, then every later one
 
 `run`, `run-dra` and `mps-control` differ only in what they do with a planned config; the
 steps before are the same and live here, once: following the config (the mounted file or
@@ -10,10 +10,14 @@ directory, the ConfigMap through the API, the node label naming a config, SIGHUP
 GPUs (and finding them again when the driver loads after the plugin), carrying out declared MIG
 layouts (where the command does), `plan_node`, placing every problem at its line in the text the
 config was read from, counting generations, and reporting (logs, /status, metrics, Node events
-and the config-state label, GFD labels). Its consumer is handed values: `check` may refuse an
-`Applied` (the plan does not fit what the consumer serves), `apply` serves it, and
-`health_changed` follows GPU health. One lock orders every update, re-apply and health change,
-so a consumer never sees two at once. Every outcome is published to subscribers (`outcomes()`).
+and the config-state label, GFD labels). Its consumer is handed values, never asked to read the
+pipeline back: a `NodeView` of each `Applied` (the plan with GPU health applied, the node's GPUs
+and faults now), which `check` may refuse (the plan does not fit what the consumer serves) and
+whose checked result `apply` serves; `serve_again` hands a fresh view when the node changes under
+the last `Applied` (GPU health, a MIG instance made for a claim, or the consumer's own ask). One
+lock orders every update, re-apply and node change, so a consumer never sees two at once; it is
+taken here only, and what a consumer needs done under it is a method here. Every outcome is
+published to subscribers (`outcomes()`).
 """
 
 from __future__ import annotations
@@ -21,30 +25,29 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import replace
+from typing import TYPE_CHECKING, Generic
 
 from sharing_plugin.config.loader import LoadedConfig
 from sharing_plugin.config.model import Config
+from sharing_plugin.daemon.node.consumer import NO_FEATURES, Checked, PipelineFeatures, PlanConsumer
 from sharing_plugin.daemon.node.discovery import GpuDiscovery
-from sharing_plugin.daemon.node.health_monitor import HealthEnv, HealthMonitor
-from sharing_plugin.daemon.node.kube import ConfigFeed, api_client, config_feed
-from sharing_plugin.daemon.node.labels import LabelPublisher
+from sharing_plugin.daemon.node.gpu_health import NodeHealth
+from sharing_plugin.daemon.node.health_monitor import HealthMonitor
+from sharing_plugin.daemon.node.kube import ConfigFeed, config_feed
 from sharing_plugin.daemon.node.layouts import MigLayouts
 from sharing_plugin.daemon.node.mig import MigReconciler
-from sharing_plugin.daemon.node.options import NodeReportOptions, SourceOptions
-from sharing_plugin.daemon.node.outcome import Applied, Outcome, Outcomes, Rejected, Served
-from sharing_plugin.daemon.node.report import NodeReport, Reports
+from sharing_plugin.daemon.node.node_side import Connection, NodeSide
+from sharing_plugin.daemon.node.options import SourceOptions
+from sharing_plugin.daemon.node.outcome import Applied, NodeView, Outcome, Outcomes, Rejected
+from sharing_plugin.daemon.node.report import Reports
 from sharing_plugin.errors import PlanError, Problem, SharingPluginError, StartupError
 from sharing_plugin.gpus.health_tracker import Fault
-from sharing_plugin.gpus.inventory import Inventory
+from sharing_plugin.gpus.inventory import Inventory, MigDevice
 from sharing_plugin.kit.tasks import TaskOwner
-from sharing_plugin.mig.desired import Holder
 from sharing_plugin.nvml.api import NvmlApi
-from sharing_plugin.plan.model import Plan
 from sharing_plugin.plan.node import plan_node
-from sharing_plugin.sources.nodelabel import NodeLabelWatcher
 from sharing_plugin.sources.update import ConfigUpdate, Trigger
 
 if TYPE_CHECKING:
@@ -52,52 +55,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-_LABEL_FETCH_TIMEOUT_S = 5.0
 _FOLLOW_BACKOFF_S = (0.2, 10.0)
-_CLEAR_TIMEOUT_S = 1.0
-_FLUSH_TIMEOUT_S = 1.0
-
-HeldBy = Callable[[], Awaitable[Mapping[str, Holder] | None]]
-"""Which MIG devices are held, and by whom (None: unknown): PodResources for `run`, prepared
-claims in DRA."""
 
 
-@dataclass(frozen=True, slots=True)
-class PipelineFeatures:
-    """What a command's pipeline does beyond config -> plan: GPU health watching
-    (`health_env`: `run`, `run-dra`), carrying out `partitioning.mig` (`mig_held_by`: which MIG
-    devices are held, retried every `mig_retry_s` while a layout waits; `dynamic_mig`: why
-    dynamic entries cannot be served now, None when they are (MIG mode turned on, the
-    instances left to the command); without it a config with one is rejected naming
-    `run-dra`), `run`'s Node status and GFD labels (`node_report`)."""
-
-    health_env: HealthEnv | None = None
-    mig_held_by: HeldBy | None = None
-    mig_retry_s: float = 2.0
-    dynamic_mig: Callable[[], str | None] | None = None
-    node_report: NodeReportOptions | None = None
-
-
-NO_FEATURES = PipelineFeatures()
-"""Config to plan only (`mps-control`)."""
-
-
-class PlanConsumer(Protocol):
-    """What a serving command does with the pipeline's values (called under its lock)."""
-
-    def check(self, applied: Applied) -> None:
-        """Raise PlanError if this plan cannot be served: the config is then rejected and the
-        consumer keeps serving the last one. Nothing of the consumer's has changed yet; the
-        pipeline's MIG step has already run (the plan is of the node it made)."""
-
-    async def apply(self, applied: Applied) -> Served:
-        """Serve `applied` (a new config, or the last good one on a changed node)."""
-
-    async def health_changed(self) -> None:
-        """GPU health changed (`NodePipeline.health`): serve the last `Applied` accordingly."""
-
-
-class NodePipeline:
+class NodePipeline(Generic[Checked]):
     """Follows the config and the node, and hands each outcome to `consumer` (see the module
     doc), with the `features` its command has."""
 
@@ -106,7 +67,7 @@ class NodePipeline:
         options: SourceOptions,
         *,
         nvml: NvmlApi,
-        consumer: PlanConsumer,
+        consumer: PlanConsumer[Checked],
         tasks: TaskOwner,
         reports: Reports,
         kube_client: AsyncClient | None = None,
@@ -115,16 +76,20 @@ class NodePipeline:
         self.options = options
         self.nvml = nvml
         self.reports = reports
-        self.client = kube_client
-        self._own_client: AsyncClient | None = None  # made here, so closed here
+        self._side = NodeSide(
+            options,
+            client=kube_client,
+            tasks=tasks,
+            reports=reports,
+            node_report=features.node_report,
+            on_label=lambda: self.source.trigger(Trigger.LABEL_CHANGED) if self.source else None,
+        )
         self._consumer = consumer
         self._tasks = tasks
-        self._health_env = features.health_env
-        self._node_report = features.node_report
         self._mig_held_by = features.mig_held_by
         self._mig_retry_s = features.mig_retry_s
         self._dynamic_mig = features.dynamic_mig
-        self.lock = asyncio.Lock()
+        self._lock = asyncio.Lock()
         self.source: ConfigFeed | None = None
         self._discovery = GpuDiscovery(
             nvml,
@@ -133,31 +98,31 @@ class NodePipeline:
             first_delay_s=options.rediscover_s,
         )
         self._layouts: MigLayouts | None = None
-        self._labels = LabelPublisher(file=None, reporter=None)
-        self._label_value: str | None = None
         self._applied: Applied | None = None
-        self._health: dict[str, bool] = {}
-        self._faults: dict[str, Fault] = {}
-        self._health_monitor: HealthMonitor | None = None
+        self._health = NodeHealth(
+            features.health_env,
+            nvml=nvml,
+            metrics=reports.metrics,
+            tasks=tasks,
+            on_change=self._on_health,
+        )
         self._subscribers: list[Outcomes] = []
 
     # --- lifecycle ---------------------------------------------------------------------------
 
-    async def connect(self) -> None:
+    async def connect(self) -> Connection:
         """The Kubernetes side: the client (when a feature needs it), the node label that names
         the config (read first, so the labelled config is the first one applied), and `run`'s
         node status reporter."""
-        if self.client is None and self.options.needs_api:
-            self.client = self._own_client = api_client(self.options)
-        await self._watch_label()
-        self._start_node_report()
+        return await self._side.connect()
 
-    async def start(self) -> None:
-        """The config source and its first update; then every update, until `close`."""
+    async def start(self) -> Outcome:
+        """The config source and its first update, whose outcome is returned; then every
+        update, until `close`."""
         self.source = config_feed(
             self.options,
-            self.client,
-            label_value=lambda: self._label_value,
+            self._side.client,
+            label_value=lambda: self._side.label_value,
             on_trouble=self.reports.api_trouble,
         )
         if self._mig_held_by is not None:
@@ -175,13 +140,11 @@ class NodePipeline:
                 retry_s=self._mig_retry_s,
                 dynamic=self._dynamic_mig,
             )
-        if self._health_env is not None:
-            if described := self._health_env.describe():
-                log.info("health checks: %s", described)
-            for problem in self._health_env.problems:
-                log.warning("health checks: %s", problem)
-        await self._handle(await self.source.start())
+        self._health.log_settings()
+        first = await self._handle(await self.source.start())
+        assert first is not None, "an update read is always handled"
         self._tasks.spawn(self._follow(), name="config", eternal=True)
+        return first
 
     async def close(self) -> None:
         """Stop following the config and take back what was published on the node itself
@@ -189,25 +152,10 @@ class NodePipeline:
         owner's to close; the API client is closed by `close_client`, after the consumer."""
         if self.source is not None:
             self.source.stop()
-        await self._labels.close()
-        reporter = self.reports.node.reporter
-        if reporter is not None:
-            # What was reported last (a rejected edit's state label, its event) is still being
-            # written in the background: let it finish, within a bound, before the tasks stop.
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(_FLUSH_TIMEOUT_S):
-                    await reporter.flush()
-        if reporter is not None and self._node_report and self._node_report.clear_labels_on_exit:
-            try:
-                async with asyncio.timeout(_CLEAR_TIMEOUT_S):
-                    await reporter.clear()
-            except Exception as exc:
-                log.warning("clearing node %s's labels: %s", reporter.node_name, exc)
+        await self._side.close()
 
     async def close_client(self) -> None:
-        if self._own_client is not None:
-            await self._own_client.close()
-            self._own_client = None
+        await self._side.close_client()
 
     def request_reload(self) -> None:
         """Re-read the config now (SIGHUP)."""
@@ -219,17 +167,44 @@ class NodePipeline:
         was pending, GPUs found after a start without them)."""
         await self._handle(None, trigger)
 
-    # --- what consumers and tests read ---------------------------------------------------------
+    # --- what consumers ask of the pipeline ----------------------------------------------------
+
+    async def serve_again(self) -> None:
+        """Hand the consumer the last `Applied` again, on the node as it is now, in turn with
+        updates and health changes (what `run` does when an MPS daemon's state changes)."""
+        async with self._lock:
+            await self._serve_again()
+
+    async def mig_devices_changed(self, gpu_uuid: str, devices: tuple[MigDevice, ...]) -> None:
+        """GPU `gpu_uuid` has `devices` now (an instance made or destroyed for a DRA claim):
+        later updates plan on that, health events on them are attributed to them, and the
+        consumer serves the node so changed."""
+        async with self._lock:
+            inventory = self._discovery.inventory
+            if inventory is not None:
+                gpus = tuple(
+                    replace(g, mig_devices=devices) if g.uuid == gpu_uuid else g
+                    for g in inventory.gpus
+                )
+                self._node_changed(replace(inventory, gpus=gpus))
+            await self._serve_again()
+
+    def retry_mig_layout(self) -> None:
+        """Something held was let go (a DRA claim unprepared): a declared MIG layout that waits
+        for that is tried again now (nothing when none waits)."""
+        if self._layouts is None or not self._layouts.pending:
+            return
+        try:
+            self._tasks.spawn(self.reapply(Trigger.MIG_RETRY), name="mig-claims")
+        except RuntimeError:  # stopping: nothing is retried any more
+            log.debug("not retrying the pending MIG layout: stopping")
+
+    # --- what tests read -------------------------------------------------------------------------
 
     @property
     def applied(self) -> Applied | None:
         """The last `Applied`, the one being served."""
         return self._applied
-
-    @property
-    def mig_pending(self) -> bool:
-        """Whether a declared MIG layout waits for something to be released."""
-        return self._layouts is not None and self._layouts.pending
 
     @property
     def inventory(self) -> Inventory | None:
@@ -240,34 +215,17 @@ class NodePipeline:
     @property
     def health(self) -> Mapping[str, bool]:
         """GPU and MIG UUID -> Healthy, as the health monitor last reported (absent: Healthy)."""
-        return dict(self._health)
+        return self._health.health
 
     @property
     def faults(self) -> Mapping[str, Fault]:
         """GPU and MIG UUID -> why it is Unhealthy, for the Unhealthy ones of `health`."""
-        return dict(self._faults)
+        return self._health.faults
 
     @property
     def health_monitor(self) -> HealthMonitor | None:
         """The GPU health monitor, once a config with GPUs has been applied."""
-        return self._health_monitor
-
-    def healthy_plan(self, applied: Applied) -> Plan:
-        """`applied.plan` with the devices of Unhealthy GPUs marked, when health checks are on."""
-        if not self._health_checked(applied):
-            return applied.plan
-        return applied.plan.with_health(self._health)
-
-    def unhealthy(self, applied: Applied) -> set[str]:
-        """The GPU and MIG UUIDs the health watch has marked Unhealthy, when health checks are
-        on for `applied`'s config (none otherwise)."""
-        if not self._health_checked(applied):
-            return set()
-        return {uuid for uuid, ok in self._health.items() if not ok}
-
-    def _health_checked(self, applied: Applied) -> bool:
-        env = self._health_env
-        return env is not None and env.settings(applied.config.health).enabled
+        return self._health.monitor
 
     @contextlib.contextmanager
     def outcomes(self) -> Iterator[Outcomes]:
@@ -278,51 +236,6 @@ class NodePipeline:
             yield feed
         finally:
             self._subscribers.remove(feed)
-
-    # --- the node side -------------------------------------------------------------------------
-
-    async def _watch_label(self) -> None:
-        node, client = self.options.node_name, self.client
-        if node is None or client is None:
-            return
-        watcher = NodeLabelWatcher(
-            node,
-            label=self.options.config_label,
-            client=client,
-            on_trouble=self.reports.api_trouble,
-        )
-        try:
-            async with asyncio.timeout(_LABEL_FETCH_TIMEOUT_S):
-                self._label_value = await watcher.fetch()
-        except (SharingPluginError, OSError, TimeoutError) as exc:
-            log.warning("reading node %s's labels: %s", node, exc)
-        self._tasks.spawn(watcher.run(self._on_label), name="node-label", eternal=True)
-
-    def _on_label(self, value: str | None) -> None:
-        if value == self._label_value:
-            return
-        log.info("node label %s is now %r", self.options.config_label, value)
-        self._label_value = value
-        if self.source is not None:
-            self.source.trigger(Trigger.LABEL_CHANGED)
-
-    def _start_node_report(self) -> None:
-        wanted = self._node_report
-        if wanted is None:
-            return
-        node, client = self.options.node_name, self.client
-        reporter = None
-        if node is not None and client is not None and (wanted.node_status or wanted.node_labels):
-            from sharing_plugin.observability.nodestatus import NodeStatusReporter
-
-            reporter = NodeStatusReporter(client, node)
-            self._tasks.spawn(reporter.run(), name="node-status", eternal=True)
-        elif wanted.node_labels:
-            log.warning("--node-labels needs --node-name and Kubernetes credentials: off")
-        self.reports.node = NodeReport(reporter if wanted.node_status else None)
-        self._labels = LabelPublisher(
-            file=wanted.labels_file, reporter=reporter if wanted.node_labels else None
-        )
 
     # --- updates -------------------------------------------------------------------------------
 
@@ -344,18 +257,21 @@ class NodePipeline:
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, limit)
 
-    async def _handle(self, update: ConfigUpdate | None, trigger: Trigger = Trigger.START) -> None:
+    async def _handle(
+        self, update: ConfigUpdate | None, trigger: Trigger = Trigger.START
+    ) -> Outcome | None:
         """One update (None: the last good config again, for `trigger`), start to end."""
-        async with self.lock:
+        async with self._lock:
             if update is not None:
                 outcome = await self._outcome(update.name, update.loaded, update.trigger, update)
             elif self._applied is not None:  # chosen under the lock: never a replaced config
                 last = self._applied
                 outcome = await self._outcome(last.name, last.loaded, trigger, None)
             else:
-                return  # nothing good applied yet: nothing to carry out again
+                return None  # nothing good applied yet: nothing to carry out again
             for feed in list(self._subscribers):
                 feed.put(outcome)
+            return outcome
 
     async def _outcome(
         self,
@@ -379,7 +295,8 @@ class NodePipeline:
                 generation=self._generation_of(name, loaded),
                 trigger=trigger,
             )
-            self._consumer.check(applied)
+            node = self._health.view(applied, inventory)
+            checked = self._consumer.check(node)
         except PlanError as exc:
             return self._reject(_placed(exc.problems, loaded), trigger)
         except StartupError:
@@ -387,7 +304,7 @@ class NodePipeline:
         except SharingPluginError as exc:
             problems = [Problem("", line) for line in str(exc).splitlines() or [str(exc)]]
             return self._reject(problems, trigger, config_fault=False)
-        await self._apply(applied)
+        await self._apply(node, checked)
         return applied
 
     def _generation_of(self, name: str | None, loaded: LoadedConfig | None) -> int:
@@ -401,21 +318,25 @@ class NodePipeline:
         """Make the GPUs' MIG layout match `partitioning.mig`; the node as it is afterwards."""
         if self._layouts is None:
             return inventory
-        inventory, changed = await self._layouts.apply(config, inventory)
-        self.reports.node.mig(self._layouts.states, inventory)
-        if changed:
-            self.node_changed(inventory)
-        return inventory
+        done = await self._layouts.apply(config, inventory)
+        self.reports.node.mig(done.states, done.inventory)
+        if done.changed:
+            self._node_changed(done.inventory)
+        return done.inventory
 
-    def node_changed(self, inventory: Inventory) -> None:
-        """The GPUs are now as `inventory` says (a MIG layout applied, or an instance made or
-        destroyed for a DRA claim): later updates plan on it, and health events on new MIG
-        devices are attributed to them."""
+    def _node_changed(self, inventory: Inventory) -> None:
+        """The GPUs are now as `inventory` says: later updates plan on it, and health events
+        on new MIG devices are attributed to them."""
         self._discovery.inventory = inventory
-        if self._health_monitor is not None:
-            self._health_monitor.update_inventory(inventory)
+        self._health.inventory_changed(inventory)
 
-    async def _apply(self, applied: Applied) -> None:
+    async def _serve_again(self) -> None:
+        if self._applied is not None:
+            node = self._discovery.inventory or self._applied.inventory
+            await self._consumer.serve_again(self._health.view(self._applied, node))
+
+    async def _apply(self, node: NodeView, checked: Checked) -> None:
+        applied = node.applied
         new = self._applied is None or applied.generation != self._applied.generation
         self._applied = applied
         fields = {"generation": applied.generation}
@@ -427,8 +348,8 @@ class NodePipeline:
                 log.info("config: %s", note, extra=fields)
         if not applied.trigger.reapplies:  # a re-apply is no reload: lastError stays
             self.reports.applied(applied)
-        served = await self._consumer.apply(applied)
-        await self._labels.publish(applied.config, applied.inventory, applied.plan)
+        served = await self._consumer.apply(node, checked)
+        await self._side.publish_labels(applied.config, applied.inventory, applied.plan)
         log.log(
             logging.DEBUG if applied.trigger.reapplies and not served.changed else logging.INFO,
             "config %s applied (%s, generation %d): %s",
@@ -443,7 +364,7 @@ class NodePipeline:
                 "reason": applied.trigger.value,
             },
         )
-        self._ensure_health_monitor(applied.config, applied.inventory)
+        self._health.follow(applied.config, applied.inventory)
 
     def _reject(
         self, problems: Iterable[Problem], trigger: Trigger, *, config_fault: bool = True
@@ -455,32 +376,11 @@ class NodePipeline:
 
     # --- GPU health ----------------------------------------------------------------------------
 
-    def _ensure_health_monitor(self, config: Config, inventory: Inventory) -> None:
-        if self._health_env is None:
-            return
-        settings = self._health_env.settings(config.health)
-        if self._health_monitor is not None:
-            self._health_monitor.update_settings(settings)
-            return
-        if not inventory.gpus:
-            return  # nothing to watch (no GPUs yet, or NVML absent with failOnInitError: false)
-        self._health_monitor = HealthMonitor(
-            self.nvml,
-            inventory,
-            settings=settings,
-            on_change=self._on_health,
-            metrics=self.reports.metrics,
-        )
-        self._tasks.spawn(self._health_monitor.run(), name="health", eternal=True)
-
     async def _on_health(self, health: Mapping[str, bool]) -> None:
-        async with self.lock:
-            before, self._health = self._health, dict(health)
-            monitor = self._health_monitor
-            self._faults = dict(monitor.faults) if monitor is not None else {}
-            self.reports.node.health(before, self._health, self._discovery.inventory)
-            if self._applied is not None:
-                await self._consumer.health_changed()
+        async with self._lock:
+            before = self._health.record(health)
+            self.reports.node.health(before, health, self._discovery.inventory)
+            await self._serve_again()
 
 
 def _placed(problems: Iterable[Problem], loaded: LoadedConfig | None) -> list[Problem]:

@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Generic
 
+from sharing_plugin.daemon.node.consumer import NO_FEATURES, Checked, PipelineFeatures
 from sharing_plugin.daemon.node.options import SourceOptions
-from sharing_plugin.daemon.node.outcome import Applied, Served
-from sharing_plugin.daemon.node.pipeline import NO_FEATURES, NodePipeline, PipelineFeatures
+from sharing_plugin.daemon.node.outcome import NodeView, Served
+from sharing_plugin.daemon.node.pipeline import NodePipeline
 from sharing_plugin.daemon.node.report import Reports
 from sharing_plugin.kit.lifecycle import Service
 from sharing_plugin.kit.tasks import TaskOwner
@@ -28,8 +29,9 @@ if TYPE_CHECKING:
     from lightkube import AsyncClient
 
 
-class NodeService(Service):
-    """A serving command fed by a `NodePipeline` (it is the pipeline's `PlanConsumer`)."""
+class NodeService(Service, Generic[Checked]):
+    """A serving command fed by a `NodePipeline` (it is the pipeline's `PlanConsumer`; what its
+    `check` returns, its `apply` is handed)."""
 
     def __init__(
         self,
@@ -44,7 +46,7 @@ class NodeService(Service):
         self._stop = asyncio.Event()
         self._tasks = TaskOwner(name)
         self.nvml = nvml
-        self.pipeline = NodePipeline(
+        self.pipeline: NodePipeline[Checked] = NodePipeline(
             options,
             nvml=nvml,
             consumer=self,
@@ -67,17 +69,18 @@ class NodeService(Service):
 
     # --- the pipeline's consumer ---------------------------------------------------------------
 
-    def check(self, applied: Applied) -> None:
-        """Every plan can be served, unless the command says otherwise."""
-
-    async def apply(self, applied: Applied) -> Served:
+    def check(self, node: NodeView) -> Checked:
         raise NotImplementedError
 
-    async def health_changed(self) -> None:
-        """GPU health is not this command's to act on, unless it says otherwise."""
+    async def apply(self, node: NodeView, checked: Checked) -> Served:
+        raise NotImplementedError
+
+    async def serve_again(self, node: NodeView) -> None:
+        """A change of the node under the config is not this command's to act on, unless it
+        says otherwise."""
 
 
-class ObservedService(NodeService):
+class ObservedService(NodeService[Checked]):
     """A `NodeService` with `/status` and metrics, served at `metrics_address` (None: off)."""
 
     def __init__(

@@ -23,13 +23,14 @@ from collections.abc import Collection
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from sharing_plugin.daemon.node.outcome import Applied, Served
-from sharing_plugin.daemon.node.pipeline import PipelineFeatures
+from sharing_plugin.daemon.node.consumer import PipelineFeatures
+from sharing_plugin.daemon.node.outcome import Applied, NodeView, Served
 from sharing_plugin.daemon.node.service import ObservedService
 from sharing_plugin.daemon.run.mps_gate import MpsGate
 from sharing_plugin.daemon.run.options import RunOptions
 from sharing_plugin.daemon.run.supervisor import Supervisor
 from sharing_plugin.daemon.run.usage import UsageMonitor
+from sharing_plugin.gpus.inventory import Inventory
 from sharing_plugin.kubelet.podresources import PodResourcesClient
 from sharing_plugin.kubelet.server import AllocateContext
 from sharing_plugin.kubelet.watch import KubeletWatcher
@@ -42,7 +43,7 @@ if TYPE_CHECKING:
     from lightkube import AsyncClient
 
 
-class Daemon(ObservedService):
+class Daemon(ObservedService[None]):
     """One running device plugin; an async context manager that starts in order and stops
     cleanly."""
 
@@ -93,11 +94,9 @@ class Daemon(ObservedService):
 
     async def start(self) -> None:
         await self.start_metrics_server(refresh=self.usage.refresh)
-        await self.pipeline.connect()
+        api = await self.pipeline.connect()
         self.usage.start(
-            client=self.pipeline.client,
-            node_name=self.options.source.node_name,
-            reporter=self.pipeline.reports.node.reporter,
+            client=api.client, node_name=self.options.source.node_name, reporter=api.reporter
         )
         await self.pipeline.start()
         watcher = KubeletWatcher(
@@ -122,36 +121,34 @@ class Daemon(ObservedService):
 
     # --- the pipeline's consumer ---------------------------------------------------------------
 
-    async def apply(self, applied: Applied) -> Served:
+    def check(self, node: NodeView) -> None:
+        """Every plan can be served."""
+
+    async def apply(self, node: NodeView, checked: None) -> Served:
+        applied = node.applied
         self.mps.follow(applied.plan.mps)
         self.usage.follow(
             plan=applied.plan,
             inventory=applied.inventory,
             over_share_s=applied.config.usage.over_share_seconds,
         )
-        change = await self.supervisor.apply(self.effective(applied), self._context(applied))
+        change = await self.supervisor.apply(self.effective(node), self._context(applied))
         return Served(change.describe(), changed=not change.empty)
 
-    async def _held_by(self) -> dict[str, Holder] | None:
+    async def _held_by(self, inventory: Inventory) -> dict[str, Holder] | None:
         return await self.pod_resources.held_by()
 
-    async def health_changed(self) -> None:
-        await self._serve_again()
+    async def serve_again(self, node: NodeView) -> None:
+        await self.supervisor.apply(self.effective(node), self._context(node.applied))
 
     async def _on_mps(self) -> None:
         """An MPS daemon started or stopped serving: its resource's devices follow."""
-        async with self.pipeline.lock:
-            await self._serve_again()
+        await self.pipeline.serve_again()
 
-    async def _serve_again(self) -> None:
-        applied = self.pipeline.applied
-        if applied is not None:
-            await self.supervisor.apply(self.effective(applied), self._context(applied))
-
-    def effective(self, applied: Applied) -> Plan:
+    def effective(self, node: NodeView) -> Plan:
         """What kubelet is told: the plan with Unhealthy GPUs and MPS daemons that do not serve
         marked, before the supervisor adds what pods still hold."""
-        return self.mps.gate(self.pipeline.healthy_plan(applied))
+        return self.mps.gate(node.plan)
 
     def _context(self, applied: Applied) -> AllocateContext:
         flags = applied.config.flags

@@ -34,11 +34,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from sharing_plugin.config.base import SharedDevices
+from sharing_plugin.daemon.node.consumer import PipelineFeatures
 from sharing_plugin.daemon.node.health_monitor import HealthEnv
 from sharing_plugin.daemon.node.options import SourceOptions
-from sharing_plugin.daemon.node.outcome import Applied, Served
-from sharing_plugin.daemon.node.pipeline import PipelineFeatures
+from sharing_plugin.daemon.node.outcome import Applied, NodeView, Outcome, Served
 from sharing_plugin.daemon.node.service import ObservedService
 from sharing_plugin.daemon.run_dra.conflicts import (
     check_no_device_plugin,
@@ -55,16 +54,12 @@ from sharing_plugin.dra.resources import discover_version
 from sharing_plugin.dra.server import DraPluginServer
 from sharing_plugin.dra.slices import SlicePublisher
 from sharing_plugin.errors import KubeApiError, StartupError
+from sharing_plugin.gpus.inventory import Inventory
 from sharing_plugin.kit.cdi import CdiSpecDir
 from sharing_plugin.mig.desired import Holder
 from sharing_plugin.nvml.api import NvmlApi
-from sharing_plugin.sources.update import Trigger
-from sharing_plugin.views.dra import config_resource_names, dra_devices
-from sharing_plugin.views.dra_api import (
-    DEFAULT_DRIVER,
-)
-from sharing_plugin.views.dra_health import draining_taint, health_taints
-from sharing_plugin.views.dra_mig import DynamicPool, dynamic_pool
+from sharing_plugin.views.dra import config_resource_names
+from sharing_plugin.views.dra_api import DEFAULT_DRIVER
 
 if TYPE_CHECKING:
     from lightkube import AsyncClient
@@ -87,14 +82,13 @@ class DraOptions:
     publish_backoff_s: tuple[float, float] = (0.2, 10.0)
 
 
-class DraDaemon(ObservedService):
+class DraDaemon(ObservedService[PoolState]):
     """One running DRA kubelet plugin; an async context manager that starts in order."""
 
     def __init__(
         self, options: DraOptions, *, nvml: NvmlApi, kube_client: AsyncClient | None = None
     ) -> None:
         self.options = options
-        self._checked: tuple[Applied, PoolState] | None = None
         self.health: DeviceHealthServicer | None = None
         self.preparer: ClaimPreparer | None = None
         self.keeper: PoolKeeper | None = None
@@ -121,8 +115,7 @@ class DraDaemon(ObservedService):
         if node is None:
             raise StartupError("run-dra needs --node-name (NODE_NAME): the pool is the node's")
         await self.start_metrics_server()
-        await self.pipeline.connect()
-        client = self.pipeline.client
+        client = (await self.pipeline.connect()).client
         if client is None:
             raise StartupError("run-dra needs the Kubernetes API to publish ResourceSlices")
         try:
@@ -141,27 +134,28 @@ class DraDaemon(ObservedService):
             on_change=self._claims_changed,
             partitioner=NodePartitioner(
                 self.nvml,
-                pipeline=self.pipeline,
+                node=lambda: (
+                    self.keeper.node.inventory if self.keeper and self.keeper.node else None
+                ),
+                changed=self.pipeline.mig_devices_changed,
                 metrics=self.metrics,
-                on_change=self._node_changed,
             ),
         )
         self.health = DeviceHealthServicer(pool=node)
         self.keeper = PoolKeeper(
             SlicePublisher(client, driver=driver, node_name=node, api_version=version),
+            features=self.server_features,
             held=self.preparer.held,
             status=self.status,
             registered=lambda: self.server is not None and self.server.registered,
             backoff_s=self.options.publish_backoff_s,
-            on_dropped=self._dropped,
             health=self.health,
-            faults=lambda: self.pipeline.faults,
         )
         # A device plugin serving here now stops run-dra before its first config touches MIG;
         # the names the Node lists allocatable are known only from that config.
         check_no_device_plugin_serving(node=node, kubelet_dir=source.kubelet_dir)
-        await self.pipeline.start()
-        await self._refuse_beside_a_device_plugin()
+        first = await self.pipeline.start()
+        await self._refuse_beside_a_device_plugin(client, first)
         self.server = DraPluginServer(
             kubelet_dir=source.kubelet_dir,
             driver=driver,
@@ -188,67 +182,27 @@ class DraDaemon(ObservedService):
 
     # --- the pipeline's consumer ---------------------------------------------------------------
 
-    def check(self, applied: Applied) -> None:
+    def check(self, node: NodeView) -> PoolState:
         """The plan's devices as DRA devices; PlanError for what the API cannot carry."""
-        self._checked = (applied, self._pool_state(applied))
-
-    async def apply(self, applied: Applied) -> Served:
-        checked, self._checked = self._checked, None
-        state = checked[1] if checked is not None and checked[0] is applied else None
-        state = state or self._pool_state(applied)
         assert self.keeper is not None
-        if self.server_features.capacity:
-            self.status.set_dra(shared_devices=applied.config.dra.shared_devices.value)
-        self.keeper.set_state(state)
-        return Served(f"{len(state.devices)} DRA device(s)")
+        return self.keeper.state_for(node)
 
-    async def health_changed(self) -> None:
-        self._republish()
+    async def apply(self, node: NodeView, checked: PoolState) -> Served:
+        assert self.keeper is not None
+        self.keeper.serve(node, checked)
+        return Served(f"{len(checked.devices)} DRA device(s)")
 
-    def _dropped(self, features: frozenset[str]) -> None:
-        """The API server did not keep some fields of the slices: publish what it does keep."""
-        if self.server_features.dropped(features):
-            self._republish()
+    async def serve_again(self, node: NodeView) -> None:
+        """GPU health changed, or an instance was made or destroyed for a claim."""
+        if self.keeper is not None:
+            self.keeper.node_changed(node)
 
-    def _republish(self) -> None:
-        """The pool computed again from the config applied now (health, claims' instances or
-        what the server keeps changed)."""
-        applied = self.pipeline.applied
-        if applied is not None and self.keeper is not None:
-            self.keeper.set_state(self._pool_state(applied))
-
-    def _pool_state(self, applied: Applied) -> PoolState:
-        plan = self.pipeline.healthy_plan(applied)
-        keeps = self.server_features
-        shared = applied.config.dra.shared_devices if keeps.capacity else SharedDevices.REPLICAS
-        mig = self._dynamic(applied)
-        devices = {
-            d.name: d
-            for d in dra_devices(plan, applied.inventory, shared=shared)
-            if d.gpu_uuid not in mig.gpu_uuids  # a dynamic GPU is its placements only
-        }
-        if keeps.unpartitionable is not None:
-            mig = DynamicPool()  # their GPUs are published as nothing else either
-        taints, draining = None, None
-        if keeps.taints:
-            taints = health_taints(self.pipeline.faults, self.options.driver_name)
-            draining = draining_taint(self.options.driver_name)
-        return PoolState(
-            devices=devices,
-            plan=plan,
-            flags=applied.config.flags,
-            taints=taints,
-            draining=draining,
-            mig=mig,
-        )
-
-    async def _refuse_beside_a_device_plugin(self) -> None:
-        """StartupError where a device plugin serves this node's resource names."""
-        applied, client = self.pipeline.applied, self.pipeline.client
-        assert client is not None
+    async def _refuse_beside_a_device_plugin(self, client: AsyncClient, first: Outcome) -> None:
+        """StartupError where a device plugin serves this node's resource names (those of the
+        first config, when it was applied)."""
         names: set[str] = set()
-        if applied is not None:
-            names = {r.name for r in applied.plan.resources} | config_resource_names(applied.config)
+        if isinstance(first, Applied):
+            names = {r.name for r in first.plan.resources} | config_resource_names(first.config)
         await check_no_device_plugin(
             client=client,
             node=self.options.source.node_name or "",
@@ -258,31 +212,15 @@ class DraDaemon(ObservedService):
 
     # --- dynamic MIG and declared layouts ------------------------------------------------------
 
-    def _dynamic(self, applied: Applied) -> DynamicPool:
-        """The config's dynamic GPUs as they are now (instances made since the last update
-        included), with the GPU and MIG devices that are unhealthy."""
-        node = self.pipeline.inventory or applied.inventory
-        unhealthy: set[str] = {g.uuid for g in node.gpus if not g.healthy_at_discovery}
-        unhealthy |= self.pipeline.unhealthy(applied)
-        return dynamic_pool(applied.config, node, unhealthy=unhealthy)
-
     def _claims_changed(self) -> None:
         """Claims were prepared or unprepared: the pool keeps what they hold, and a declared
         layout that waited for a claim to let go of an instance is tried again now."""
         if self.keeper is not None:
             self.keeper.changed()
-        if self.pipeline.mig_pending:
-            try:
-                self._tasks.spawn(self.pipeline.reapply(Trigger.MIG_RETRY), name="mig-claims")
-            except RuntimeError:  # stopping: nothing is retried any more
-                log.debug("not retrying the pending MIG layout: stopping")
+        self.pipeline.retry_mig_layout()
 
-    def _node_changed(self) -> None:
-        """An instance was made or destroyed for a claim (under the pipeline's lock)."""
-        self._republish()
-
-    async def _held_by(self) -> dict[str, Holder]:
+    async def _held_by(self, inventory: Inventory) -> dict[str, Holder]:
         """What prepared claims hold, for the declared layouts: never destroyed under them."""
         if self.preparer is None:
             return {}
-        return claim_holders(self.preparer.prepared, self.pipeline.inventory)
+        return claim_holders(self.preparer.prepared, inventory)

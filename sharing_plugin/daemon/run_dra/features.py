@@ -33,7 +33,9 @@ log = logging.getLogger(__name__)
 
 
 class ServerFeatures:
-    """The features `run-dra` may use on this API server; all off until `discover`."""
+    """The features `run-dra` may use on this API server; all off until `discover`. Once
+    discovered, the pool's writer is its only owner: it gives a feature up when a write shows
+    the server dropped its fields."""
 
     def __init__(self, status: StatusBoard) -> None:
         self._status = status

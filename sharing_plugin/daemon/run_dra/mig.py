@@ -12,17 +12,17 @@ NVML calls block, so each runs in a worker thread, and the calls on one GPU are 
 a lock of that GPU (claims on other GPUs go on meanwhile). Before creating, the GPU's instances
 are read: one already at exactly that placement is adopted, not made again (an earlier run
 made it, or crashed before recording its claim). After each change the GPU's MIG devices are
-read again and handed to the pipeline under its lock, so later plans, the health watch (an Xid
-on the new MIG device is attributed to it) and the pool see the GPU as it is.
+read again and handed to the pipeline, which takes them in turn with its updates, so later plans,
+the health watch (an Xid on the new MIG device is attributed to it) and the pool see the GPU as
+it is.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Mapping
-from dataclasses import replace
-from typing import TYPE_CHECKING, Any, TypeVar
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any, TypeVar
 
 from sharing_plugin.daemon.node.mig import make_mig_device, mig_operation
 from sharing_plugin.dra.checkpoint import PreparedClaim
@@ -38,30 +38,32 @@ from sharing_plugin.nvml.mig_ops import (
 from sharing_plugin.observability.metrics import Metrics
 from sharing_plugin.views.dra_mig import Placement, PlacementRef, published_placement
 
-if TYPE_CHECKING:
-    from sharing_plugin.daemon.node.pipeline import NodePipeline
-
 log = logging.getLogger(__name__)
 
 _T = TypeVar("_T")
 
 
+MigDevicesChanged = Callable[[str, tuple[MigDevice, ...]], Awaitable[None]]
+"""The GPU of that UUID has these MIG devices now."""
+
+
 class NodePartitioner:
     """Makes and destroys the MIG instances of claims on the node's dynamic GPUs (the DRA
-    adapter's `Partitioner`); `on_change` is called once the pipeline has the GPU's new state."""
+    adapter's `Partitioner`). `node` is the node's GPUs as last served; `changed` hands a GPU's
+    new MIG devices to the pipeline and returns once the pool has been computed on them."""
 
     def __init__(
         self,
         nvml: NvmlApi,
         *,
-        pipeline: NodePipeline,
+        node: Callable[[], Inventory | None],
+        changed: MigDevicesChanged,
         metrics: Metrics | None = None,
-        on_change: Callable[[], None] = lambda: None,
     ) -> None:
         self._nvml = nvml
-        self._pipeline = pipeline
+        self._node = node
+        self._changed = changed
         self._metrics = metrics
-        self._on_change = on_change
         self._locks: dict[str, asyncio.Lock] = {}
 
     async def create(self, placement: Placement) -> MadeInstance:
@@ -69,11 +71,11 @@ class NodePartitioner:
         async with self._lock(gpu.uuid):
             made, devices = await asyncio.to_thread(self._create, placement)
             if made.created:
-                await self._changed(gpu, devices)
+                await self._changed(gpu.uuid, devices)
         return made
 
     async def destroy(self, where: PlacementRef) -> None:
-        inventory = self._pipeline.inventory
+        inventory = self._node()
         gpu = inventory.gpu(where.gpu_uuid) if inventory is not None else None
         if gpu is None:  # the GPU left the node (and its instances with it)
             log.warning("not destroying MIG instance %s: the GPU is not on this node", where)
@@ -81,18 +83,10 @@ class NodePartitioner:
         async with self._lock(where.gpu_uuid):
             devices = await asyncio.to_thread(self._destroy, gpu, where)
             if devices is not None:
-                await self._changed(gpu, devices)
+                await self._changed(gpu.uuid, devices)
 
     def _lock(self, gpu_uuid: str) -> asyncio.Lock:
         return self._locks.setdefault(gpu_uuid, asyncio.Lock())
-
-    async def _changed(self, gpu: Gpu, devices: tuple[MigDevice, ...]) -> None:
-        """The GPU has `devices` now: the pipeline plans on that from here on."""
-        async with self._pipeline.lock:
-            inventory = self._pipeline.inventory
-            if inventory is not None:
-                self._pipeline.node_changed(with_mig_devices(inventory, gpu.uuid, devices))
-            self._on_change()
 
     # ---- in the worker thread ----
 
@@ -151,19 +145,7 @@ def _at(devices: tuple[MigDevice, ...], where: PlacementRef) -> list[MigDevice]:
     return sorted(found, key=lambda d: d.ci_id)
 
 
-def with_mig_devices(
-    inventory: Inventory, gpu_uuid: str, devices: tuple[MigDevice, ...]
-) -> Inventory:
-    """`inventory` with one GPU's MIG devices replaced."""
-    gpus = tuple(
-        replace(g, mig_devices=devices) if g.uuid == gpu_uuid else g for g in inventory.gpus
-    )
-    return replace(inventory, gpus=gpus)
-
-
-def claim_holders(
-    prepared: Mapping[str, PreparedClaim], inventory: Inventory | None
-) -> dict[str, Holder]:
+def claim_holders(prepared: Mapping[str, PreparedClaim], inventory: Inventory) -> dict[str, Holder]:
     """The GPU and MIG UUIDs prepared claims hold, for the declared layouts: a claim's device
     holds its `uuid`, and a dynamic MIG placement the MIG device at that placement now."""
     held: dict[str, Holder] = {}
@@ -171,7 +153,7 @@ def claim_holders(
         holder: Holder = (claim.ref.namespace, claim.ref.name, "")
         for device in claim.published:
             where = published_placement(device)
-            gpu = inventory.gpu(where.gpu_uuid) if where is not None and inventory else None
+            gpu = inventory.gpu(where.gpu_uuid) if where is not None else None
             if where is not None:
                 for mig in _at(gpu.mig_devices if gpu is not None else (), where):
                     held.setdefault(mig.uuid, holder)

@@ -1,9 +1,12 @@
 """Keeping the node's DRA pool published: one writer, always the newest pool.
 
-The pool is a value of three inputs: what the node serves (`PoolState`: the plan with health
-applied), and the devices prepared claims hold. Whatever changes one of them marks the pool
-dirty; one task writes the newest pool, so a burst of reloads or health events is one write and
-two writers never race. A failed write is retried with backoff (0.2 s doubling to 10 s by
+The pool is a value of three inputs: what the node serves (`PoolState`, computed here from the
+pipeline's `NodeView`: the plan with health applied, the GPUs and their faults), what the API
+server keeps of a slice (`ServerFeatures`, owned here: a feature whose fields a write did not
+keep is given up and the state computed again from the same view, without leaving this module),
+and the devices prepared claims hold. Whatever changes one of them marks the pool dirty; one task
+writes the newest pool, so a burst of reloads or health events is one write and two writers
+never race. A failed write is retried with backoff (0.2 s doubling to 10 s by
 default). Held devices the plan dropped stay published until their claim is unprepared (the
 draining rule, `views.dra.pool_devices`), and so do the counter sets they consume from. Dynamic
 MIG placements and their counter sets come from the state's `mig` (`views.dra_mig`).
@@ -18,15 +21,18 @@ import asyncio
 import logging
 from collections.abc import Callable, Mapping
 
+from sharing_plugin.config.base import SharedDevices
+from sharing_plugin.daemon.node.outcome import NodeView
+from sharing_plugin.daemon.run_dra.features import ServerFeatures
 from sharing_plugin.dra.health import DeviceHealthServicer
 from sharing_plugin.dra.prepare import PoolState
 from sharing_plugin.dra.slices import SlicePublisher
 from sharing_plugin.errors import KubeApiError
-from sharing_plugin.gpus.health_tracker import Fault
 from sharing_plugin.observability.status import StatusBoard
-from sharing_plugin.views.dra import pool_devices
+from sharing_plugin.views.dra import dra_devices, pool_devices
 from sharing_plugin.views.dra_api import CounterSet, PublishedDevice
-from sharing_plugin.views.dra_health import device_health
+from sharing_plugin.views.dra_health import device_health, draining_taint, health_taints
+from sharing_plugin.views.dra_mig import DynamicPool, dynamic_pool
 
 log = logging.getLogger(__name__)
 
@@ -38,35 +44,71 @@ class PoolKeeper:
         self,
         publisher: SlicePublisher,
         *,
+        features: ServerFeatures,
         held: Callable[[], Mapping[str, PublishedDevice]],
         status: StatusBoard,
         registered: Callable[[], bool],
         backoff_s: tuple[float, float] = (0.2, 10.0),
-        on_dropped: Callable[[frozenset[str]], None] = lambda _: None,
         health: DeviceHealthServicer | None = None,
-        faults: Callable[[], Mapping[str, Fault]] = dict,
     ) -> None:
-        """`on_dropped` hears which features the API server did not keep the fields of, each
-        time that changes (a server with their feature gates off drops them on write).
-        `faults` tells why each Unhealthy GPU or MIG device is so, for `health`."""
+        """`features` is what the API server keeps, as discovered at start; from here on it is
+        this keeper's (a write that did not keep a feature's fields gives the feature up)."""
         self.publisher = publisher
-        self._on_dropped = on_dropped
-        self._dropped: frozenset[str] = frozenset()
+        self.features = features
         self._held = held
         self._health = health
-        self._faults = faults
         self._status = status
         self._registered = registered
         self._backoff_s = backoff_s
         self.state: PoolState | None = None
+        self.node: NodeView | None = None
+        """The node `state` was computed from."""
         self._dirty = asyncio.Event()
         self._force = False
         self._published = asyncio.Condition()
         self._counter_sets: dict[str, CounterSet] = {}  # last published, by name
 
-    def set_state(self, state: PoolState) -> None:
-        """The node serves `state` now."""
-        self.state = state
+    def state_for(self, node: NodeView) -> PoolState:
+        """What serving `node` publishes, with what the server keeps now; PlanError for what
+        the API cannot carry."""
+        applied, keeps, driver = node.applied, self.features, self.publisher.driver
+        shared = applied.config.dra.shared_devices if keeps.capacity else SharedDevices.REPLICAS
+        # The config's dynamic GPUs as they are now (instances made since the last update
+        # included), with the GPU and MIG devices that are unhealthy.
+        unhealthy = {g.uuid for g in node.inventory.gpus if not g.healthy_at_discovery}
+        mig = dynamic_pool(applied.config, node.inventory, unhealthy=unhealthy | node.unhealthy)
+        devices = {
+            d.name: d
+            for d in dra_devices(node.plan, applied.inventory, shared=shared)
+            if d.gpu_uuid not in mig.gpu_uuids  # a dynamic GPU is its placements only
+        }
+        if keeps.unpartitionable is not None:
+            mig = DynamicPool()  # their GPUs are published as nothing else either
+        taints, draining = None, None
+        if keeps.taints:
+            taints = health_taints(node.faults, driver)
+            draining = draining_taint(driver)
+        return PoolState(
+            devices=devices,
+            plan=node.plan,
+            flags=applied.config.flags,
+            taints=taints,
+            draining=draining,
+            mig=mig,
+        )
+
+    def serve(self, node: NodeView, state: PoolState) -> None:
+        """A config was applied: the node serves `state` (`state_for(node)`) now."""
+        if self.features.capacity:
+            self._status.set_dra(shared_devices=node.applied.config.dra.shared_devices.value)
+        self._set_state(node, state)
+
+    def node_changed(self, node: NodeView) -> None:
+        """The node changed under the config served (GPU health, a claim's MIG instance)."""
+        self._set_state(node, self.state_for(node))
+
+    def _set_state(self, node: NodeView, state: PoolState) -> None:
+        self.node, self.state = node, state
         self._dirty.set()
         self._report_health()
 
@@ -132,9 +174,8 @@ class PoolKeeper:
                 self._dirty.set()
                 continue
             delay = low
-            if self.publisher.dropped != self._dropped:
-                self._dropped = self.publisher.dropped
-                self._on_dropped(self._dropped)
+            if self.features.dropped(self.publisher.dropped) and self.node is not None:
+                self.node_changed(self.node)  # published again with what the server keeps
             self._update_status()
             async with self._published:
                 self._published.notify_all()
@@ -160,7 +201,8 @@ class PoolKeeper:
         if self._health is None:
             return
         devices = self.state.devices.values() if self.state is not None else ()
-        self._health.publish(device_health(devices, self._faults(), held=self._held()))
+        faults = self.node.faults if self.node is not None else {}
+        self._health.publish(device_health(devices, faults, held=self._held()))
 
     def _update_status(self) -> None:
         """/status per resource: devices published, healthy ones, draining ones, registered."""
