@@ -10,11 +10,14 @@ adapters make; pynvml is untyped (``Any`` to mypy), so a unit test checks it mem
 
 from __future__ import annotations
 
+import os
+from dataclasses import replace
 from pathlib import Path
 
+from sharing_plugin.config.memory import HOOK_PATH_ENV
+from sharing_plugin.daemon.node.options import SourceOptions
 from sharing_plugin.errors import ConfigError, Problem
 from sharing_plugin.nvml.api import NvmlApi
-from sharing_plugin.plan.caps import NodeFacts
 from sharing_plugin.sim.nvml.node import preset_names
 
 
@@ -57,16 +60,26 @@ def names_node_file(spec: str) -> bool:
     return kind == "simulated" and Path(target).is_file()
 
 
-def node_facts(spec: str, backend: NvmlApi, hook_path: str) -> NodeFacts:
-    """What the node behind SPEC says about enforcing memory caps: a simulated node its own
-    `cgroupVersion`, a real one the host's; the CDI hook is looked for where this process is."""
-    from sharing_plugin.sources.host import hook_problem, host_cgroup_version
-
+def cgroup_version(spec: str, backend: NvmlApi) -> int | None:
+    """The cgroup hierarchy of the node behind SPEC: a simulated node's own `cgroupVersion`,
+    else the host's."""
     if spec.startswith("simulated:"):
         from sharing_plugin.sim.nvml.simulated import SimulatedNvml
 
         assert isinstance(backend, SimulatedNvml)
-        cgroup_version: int | None = backend.cgroup_version
-    else:
-        cgroup_version = host_cgroup_version()
-    return NodeFacts(cgroup_version=cgroup_version, hook_problem=hook_problem(hook_path))
+        return backend.cgroup_version
+    from sharing_plugin.sources.host import host_cgroup_version
+
+    return host_cgroup_version()
+
+
+def serving_backend(source: SourceOptions) -> tuple[NvmlApi, SourceOptions]:
+    """The NVML of a serving command, and its source options with what the node says of
+    itself filled in (the cgroup hierarchy, the CDI hook's default path)."""
+    backend = backend_from_spec(source.gpus)
+    found = replace(
+        source,
+        cgroup_version=cgroup_version(source.gpus, backend),
+        hook_path_default=os.environ.get(HOOK_PATH_ENV),
+    )
+    return backend, found

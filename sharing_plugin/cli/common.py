@@ -64,6 +64,12 @@ SOURCE_FLAGS: tuple[Flag, ...] = (
 METRICS_FLAGS: tuple[Flag, ...] = (
     ("--metrics-address", "METRICS_ADDRESS", "0.0.0.0:9400", "HOST:PORT for metrics, or off"),
 )
+CDI_DIR_FLAG: Flag = (
+    "--cdi-dir",
+    "CDI_DIR",
+    "/var/run/cdi",
+    "directory the container runtime reads CDI specs from",
+)
 LOG_FLAGS: tuple[Flag, ...] = (
     ("--log-format", "LOG_FORMAT", "text", "text or json"),
     ("--log-level", "LOG_LEVEL", "info", "debug, info, warning or error"),

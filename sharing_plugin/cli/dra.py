@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from sharing_plugin.cli.common import (
+    CDI_DIR_FLAG,
     DRIVER_FLAG,
     LOG_FLAGS,
     METRICS_FLAGS,
@@ -26,12 +27,7 @@ if TYPE_CHECKING:
 
 DRA_FLAGS: tuple[Flag, ...] = (
     DRIVER_FLAG,
-    (
-        "--cdi-dir",
-        "CDI_DIR",
-        "/var/run/cdi",
-        "directory the container runtime reads CDI specs from",
-    ),
+    CDI_DIR_FLAG,
     (
         "--clear-slices-on-exit",
         "CLEAR_SLICES_ON_EXIT",
@@ -70,10 +66,13 @@ def dra_options(args: argparse.Namespace) -> DraOptions:
 
 
 def _daemon(options: DraOptions) -> DraDaemon:
-    from sharing_plugin.backends import backend_from_spec
+    from dataclasses import replace
+
+    from sharing_plugin.backends import serving_backend
     from sharing_plugin.daemon.run_dra.driver import DraDaemon
 
-    return DraDaemon(options, nvml=backend_from_spec(options.source.gpus))
+    nvml, source = serving_backend(options.source)
+    return DraDaemon(replace(options, source=source), nvml=nvml)
 
 
 def _check(options: DraOptions) -> None:

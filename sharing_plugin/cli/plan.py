@@ -153,11 +153,12 @@ def _plan_node(args: argparse.Namespace) -> int:
         # Nothing is held here: the command sees the node, not its pods.
         facts = None
         if config.memory_limits.on:
-            from sharing_plugin.backends import node_facts
+            from sharing_plugin.backends import cgroup_version
             from sharing_plugin.config.memory import HOOK_PATH_ENV, hook_path
+            from sharing_plugin.sources.host import node_facts
 
             hook = hook_path(config.memory_limits, os.environ.get(HOOK_PATH_ENV))
-            facts = node_facts(args.gpus, backend, hook)
+            facts = node_facts(cgroup_version=cgroup_version(args.gpus, backend), hook_path=hook)
         node = plan_node(config, inventory, facts=facts)
     except PlanError as exc:
         for problem in exc.problems:

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from sharing_plugin.cli.common import (
+    CDI_DIR_FLAG,
     LOG_FLAGS,
     METRICS_FLAGS,
     SOURCE_FLAGS,
@@ -29,6 +30,7 @@ RUN_FLAGS: tuple[Flag, ...] = (
     ("--labels-file", "LABELS_FILE", None, "NFD feature file to write GFD-compatible labels to"),
     ("--node-labels", "NODE_LABELS", "off", "on or off: patch those labels onto the Node"),
     ("--proc-root", "PROC_ROOT", "/proc", "the host's /proc, for per-pod GPU usage"),
+    CDI_DIR_FLAG,
 )
 FLAGS: tuple[Flag, ...] = (*SOURCE_FLAGS, *METRICS_FLAGS, *LOG_FLAGS, *RUN_FLAGS)
 """Every flag of `run`, each with the env var it also reads."""
@@ -56,15 +58,25 @@ def run_options(args: argparse.Namespace) -> RunOptions:
         ),
         metrics_address=parse_metrics_address(args.metrics_address),
         proc_root=Path(args.proc_root),
+        cdi_dir=_cdi_dir(args.cdi_dir),
         health_env=HealthEnv.from_environ(os.environ),
     )
 
 
+def _cdi_dir(value: str) -> Path:
+    if not value:
+        raise ValueError("--cdi-dir must name a directory")
+    return Path(value)
+
+
 def _daemon(options: RunOptions) -> Daemon:
-    from sharing_plugin.backends import backend_from_spec
+    from dataclasses import replace
+
+    from sharing_plugin.backends import serving_backend
     from sharing_plugin.daemon.run.app import Daemon
 
-    return Daemon(options, nvml=backend_from_spec(options.source.gpus))
+    nvml, source = serving_backend(options.source)
+    return Daemon(replace(options, source=source), nvml=nvml)
 
 
 def check_socket_paths(kubelet_dir: Path) -> None:

@@ -53,6 +53,7 @@ class StatusBoard:
         self._mig: dict[str, tuple[MigState, str | None]] = {}
         self._mps: dict[str, dict[str, Any]] = {}
         self._dra: dict[str, Any] | None = None
+        self._memory_limits: Mapping[str, Any] | None = None
         self._usage: Callable[[], Mapping[str, Any] | None] | None = None
 
     # --- config ------------------------------------------------------------------------------
@@ -150,6 +151,12 @@ class StatusBoard:
         config asks when it cannot."""
         self._dra = {"sharedDevices": shared_devices, "reason": reason}
 
+    # --- memory caps -------------------------------------------------------------------------
+
+    def set_memory_limits(self, document: Mapping[str, Any]) -> None:
+        """`memoryLimits`: the mode and, per GPU, whether its shares' caps are enforced."""
+        self._memory_limits = document
+
     # --- GPU usage ---------------------------------------------------------------------------
 
     def set_usage(self, document: Callable[[], Mapping[str, Any] | None] | None) -> None:
@@ -199,6 +206,11 @@ class StatusBoard:
             },
             "mps": {name: dict(daemon) for name, daemon in sorted(self._mps.items())},
             **({"dra": dict(self._dra)} if self._dra is not None else {}),
+            **(
+                {"memoryLimits": dict(self._memory_limits)}
+                if self._memory_limits is not None
+                else {}
+            ),
             **({"usage": dict(usage)} if (usage := self._usage_document()) is not None else {}),
         }
 

@@ -10,6 +10,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from sharing_plugin.plan.caps import NodeFacts
+
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 
 
@@ -31,3 +33,9 @@ def hook_problem(path: str) -> str | None:
     if not hook.is_file() or not os.access(hook, os.X_OK):
         return f"the CDI hook {path} is not an executable file"
     return None
+
+
+def node_facts(*, cgroup_version: int | None, hook_path: str) -> NodeFacts:
+    """What the node says about enforcing memory caps now (the hook is looked for each time:
+    a toolkit installed after the plugin started counts at the next plan)."""
+    return NodeFacts(cgroup_version=cgroup_version, hook_problem=hook_problem(hook_path))

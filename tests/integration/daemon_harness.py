@@ -11,7 +11,7 @@ from typing import Any
 
 import yaml_fast
 
-from sharing_plugin.backends import backend_from_spec
+from sharing_plugin.backends import backend_from_spec, cgroup_version
 from sharing_plugin.daemon.node.options import NodeReportOptions, SourceOptions
 from sharing_plugin.daemon.run.app import Daemon
 from sharing_plugin.daemon.run.options import RunOptions
@@ -116,7 +116,8 @@ async def running(
         config_path=config if (config_text is not None or config_path) else None,
         gpus=gpus,
         kubelet_dir=root,
-        **{"drain_recheck_s": 0.05, **options},
+        # What the entry finds of the node (the simulated node's own cgroup hierarchy).
+        **{"drain_recheck_s": 0.05, "cgroup_version": cgroup_version(gpus, nvml), **options},
     )
     async with (
         KubeletSimulator(root, grace_period=0.2, dial_timeout=2.0) as kubelet,

@@ -30,6 +30,10 @@ class SourceOptions:
     # editor may be half-way through saving it.
     config_error_settle_s: float = 0.1
     rediscover_s: float = 1.0  # first look again for GPUs when NVML found none (doubling)
+    # What `memoryLimits` needs to know of the node: its cgroup hierarchy (found once at start:
+    # the host's, or a simulated node's own) and $NVIDIA_CDI_HOOK_PATH, the hook's default path.
+    cgroup_version: int | None = None
+    hook_path_default: str | None = None
 
     @property
     def needs_api(self) -> bool:

@@ -30,6 +30,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Generic
 
 from sharing_plugin.config.loader import LoadedConfig
+from sharing_plugin.config.memory import hook_path
 from sharing_plugin.config.model import Config
 from sharing_plugin.daemon.node.consumer import NO_FEATURES, Checked, PipelineFeatures, PlanConsumer
 from sharing_plugin.daemon.node.discovery import GpuDiscovery
@@ -47,7 +48,9 @@ from sharing_plugin.gpus.health_tracker import Fault
 from sharing_plugin.gpus.inventory import Inventory, MigDevice
 from sharing_plugin.kit.tasks import TaskOwner
 from sharing_plugin.nvml.api import NvmlApi
+from sharing_plugin.plan.caps import NodeFacts
 from sharing_plugin.plan.node import plan_node
+from sharing_plugin.sources.host import node_facts
 from sharing_plugin.sources.update import ConfigUpdate, Trigger
 
 if TYPE_CHECKING:
@@ -291,7 +294,7 @@ class NodePipeline(Generic[Checked]):
                 loaded=loaded,
                 name=name,
                 inventory=inventory,
-                plan=plan_node(config, inventory, as_is=True).plan,
+                plan=plan_node(config, inventory, as_is=True, facts=self._facts(config)).plan,
                 generation=self._generation_of(name, loaded),
                 trigger=trigger,
             )
@@ -306,6 +309,12 @@ class NodePipeline(Generic[Checked]):
             return self._reject(problems, trigger, config_fault=False)
         await self._apply(node, checked)
         return applied
+
+    def _facts(self, config: Config) -> NodeFacts | None:
+        if not config.memory_limits.on:
+            return None
+        hook = hook_path(config.memory_limits, self.options.hook_path_default)
+        return node_facts(cgroup_version=self.options.cgroup_version, hook_path=hook)
 
     def _generation_of(self, name: str | None, loaded: LoadedConfig | None) -> int:
         last = self._applied

@@ -15,6 +15,7 @@ import logging
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
+from sharing_plugin.config.memory import Enforcement
 from sharing_plugin.daemon.node.outcome import Applied, Rejected
 from sharing_plugin.gpus.inventory import Inventory
 from sharing_plugin.mig.state import GpuMigState, MigState
@@ -42,8 +43,12 @@ class Reports:
         """A config was read and applied (not a re-apply: that is no reload)."""
         name, hash_, generation = applied.name, applied.source_hash, applied.generation
         self._rejected = None
+        limits = applied.plan.memory_limits
         if self.status is not None:
             self.status.set_config(name=name, hash=hash_, generation=generation)
+            self.status.set_memory_limits(
+                {"enforce": "off", "gpus": {}} if limits is None else limits.document()
+            )
         if self.metrics is not None:
             self.metrics.count_reload(True)
             self.metrics.set_config(name=name, hash_=hash_, generation=generation)
@@ -92,6 +97,7 @@ class NodeReport:
         self._config: str | None = None
         self._mig: dict[str, GpuMigState] = {}
         self._failed = False
+        self._unenforced: dict[str, str] = {}  # GPU UUID -> why its caps are not enforced
 
     def applied(self, *, name: str | None, hash_: str, generation: int, plan: Plan) -> None:
         self._failed = False
@@ -104,6 +110,33 @@ class NodeReport:
             "ConfigApplied", f"config {shown} applied (generation {generation}): {counts}"
         )
         self.reporter.state(self._state(), self._config)
+        self._memory_limits(plan)
+
+    def _memory_limits(self, plan: Plan) -> None:
+        """A Warning Event when the GPUs whose caps cannot be enforced change (the log and
+        /status say it at every apply)."""
+        state = plan.memory_limits
+        unenforced = {
+            uuid: s.reason or ""
+            for uuid, s in (state.gpus.items() if state is not None else ())
+            if not s.enforced
+        }
+        before, self._unenforced = self._unenforced, unenforced
+        if state is None or unenforced == before or not unenforced:
+            return
+        assert self.reporter is not None
+        outcome = (
+            "their shared replicas are not advertised"
+            if state.enforce is Enforcement.REQUIRED
+            else "their replicas are advertised uncapped"
+        )
+        reasons = sorted(set(unenforced.values()))
+        self.reporter.event(
+            "MemoryLimitsNotEnforced",
+            f"memoryLimits ({state.enforce.value}): {len(unenforced)} GPU(s) cannot enforce "
+            f"caps ({'; '.join(reasons)}): {outcome}",
+            warning=True,
+        )
 
     def rejected(self, first_line: str) -> None:
         self._failed = True

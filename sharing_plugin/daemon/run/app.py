@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 from sharing_plugin.daemon.node.consumer import PipelineFeatures
 from sharing_plugin.daemon.node.outcome import Applied, NodeView, Served
 from sharing_plugin.daemon.node.service import ObservedService
+from sharing_plugin.daemon.run.memory_spec import MemoryLimitSpec
 from sharing_plugin.daemon.run.mps_gate import MpsGate
 from sharing_plugin.daemon.run.options import RunOptions
 from sharing_plugin.daemon.run.supervisor import Supervisor
@@ -89,6 +90,9 @@ class Daemon(ObservedService[None]):
         self.mps = MpsGate(
             tasks=self._tasks, status=self.status, metrics=self.metrics, on_change=self._on_mps
         )
+        self.memory_spec = MemoryLimitSpec(
+            options.cdi_dir, hook_path_default=options.source.hook_path_default
+        )
 
     # --- lifecycle ---------------------------------------------------------------------------
 
@@ -122,7 +126,8 @@ class Daemon(ObservedService[None]):
     # --- the pipeline's consumer ---------------------------------------------------------------
 
     def check(self, node: NodeView) -> None:
-        """Every plan can be served."""
+        """Every plan can be served once the CDI spec its caps name is written."""
+        self.memory_spec.follow(node.applied)
 
     async def apply(self, node: NodeView, checked: None) -> Served:
         applied = node.applied

@@ -23,5 +23,6 @@ class RunOptions:
     # kubelet/grants.py).
     grant_window_s: float = RECORD_WINDOW_S
     proc_root: Path = Path("/proc")  # the host's processes, for per-pod GPU usage
+    cdi_dir: Path = Path("/var/run/cdi")  # where the memory-limit CDI spec is written
     # The reference's DP_*_HEALTHCHECKS variables, parsed once by the entry point.
     health_env: HealthEnv = field(default_factory=HealthEnv)

@@ -150,6 +150,7 @@ class DraDaemon(ObservedService[PoolState]):
             registered=lambda: self.server is not None and self.server.registered,
             backoff_s=self.options.publish_backoff_s,
             health=self.health,
+            hook_path_default=source.hook_path_default,
         )
         # A device plugin serving here now stops run-dra before its first config touches MIG;
         # the names the Node lists allocatable are known only from that config.

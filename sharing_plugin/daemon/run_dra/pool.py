@@ -22,6 +22,7 @@ import logging
 from collections.abc import Callable, Mapping
 
 from sharing_plugin.config.base import SharedDevices
+from sharing_plugin.config.memory import hook_path
 from sharing_plugin.daemon.node.outcome import NodeView
 from sharing_plugin.daemon.run_dra.features import ServerFeatures
 from sharing_plugin.dra.health import DeviceHealthServicer
@@ -50,9 +51,12 @@ class PoolKeeper:
         registered: Callable[[], bool],
         backoff_s: tuple[float, float] = (0.2, 10.0),
         health: DeviceHealthServicer | None = None,
+        hook_path_default: str | None = None,
     ) -> None:
         """`features` is what the API server keeps, as discovered at start; from here on it is
-        this keeper's (a write that did not keep a feature's fields gives the feature up)."""
+        this keeper's (a write that did not keep a feature's fields gives the feature up).
+        `hook_path_default` is where the CDI hook that caps memory is unless the config says."""
+        self._hook_default = hook_path_default
         self.publisher = publisher
         self.features = features
         self._held = held
@@ -88,6 +92,7 @@ class PoolKeeper:
         if keeps.taints:
             taints = health_taints(node.faults, driver)
             draining = draining_taint(driver)
+        limits = applied.config.memory_limits
         return PoolState(
             devices=devices,
             plan=node.plan,
@@ -95,6 +100,11 @@ class PoolKeeper:
             taints=taints,
             draining=draining,
             mig=mig,
+            memory_hook_path=(
+                hook_path(limits, self._hook_default)
+                if (limits := applied.config.memory_limits).on
+                else None
+            ),
         )
 
     def serve(self, node: NodeView, state: PoolState) -> None:
