@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime
 import json
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
@@ -27,7 +28,7 @@ from kustomize_render import DEPLOY, daemonset_env, render
 from lightkube import AsyncClient
 from lightkube.models.core_v1 import Container, PodSpec, ResourceRequirements
 from lightkube.models.meta_v1 import ObjectMeta
-from lightkube.resources.core_v1 import ConfigMap, Namespace, Node, Pod, ServiceAccount
+from lightkube.resources.core_v1 import ConfigMap, Event, Namespace, Node, Pod, ServiceAccount
 from lightkube.types import PatchType
 from plugin_process import PluginProcess
 from realapi import unique
@@ -117,6 +118,24 @@ class OnNode:
         allocatable: dict[str, str] = node["status"]["allocatable"]
         return allocatable
 
+    async def event(self, reason: str, since: float, *, within: float = 10.0) -> dict[str, Any]:
+        """The Node's latest Event of `reason` seen last at or after `since` (a time.time())."""
+
+        def fresh(events: dict[str, Any]) -> list[dict[str, Any]]:
+            found = [e.to_dict() for e in events.values()]
+            return [
+                e
+                for e in found
+                if e["involvedObject"].get("name") == self.name
+                and e.get("reason") == reason
+                and _seconds(e.get("lastTimestamp") or e.get("eventTime")) >= int(since)
+            ]
+
+        found = await observed(
+            self.client, Event, lambda e: bool(fresh(e)), namespace="default", within=within
+        )
+        return fresh(found)[-1]
+
     async def namespace(self) -> str:
         """A namespace of this test's, once its `default` ServiceAccount exists (pods need it;
         the controller-manager makes it a moment after the namespace)."""
@@ -173,6 +192,15 @@ class OnNode:
         records = self.cluster.created_containers(uid)
         assert len(records) == 1, records
         return records[0]
+
+
+def _seconds(stamp: Any) -> int:
+    """An API timestamp (a datetime or RFC 3339 text) as whole seconds since the epoch."""
+    if stamp is None:
+        return 0
+    if isinstance(stamp, str):
+        stamp = datetime.datetime.fromisoformat(stamp.replace("Z", "+00:00"))
+    return int(stamp.timestamp())
 
 
 def phase(want: str) -> Callable[[dict[str, Any]], bool]:
