@@ -26,6 +26,8 @@ from typing import Any
 
 from kustomize_render import DEPLOY, daemonset_env, render
 from lightkube import AsyncClient
+from lightkube.core.resource_registry import resource_registry
+from lightkube.generic_resource import create_namespaced_resource
 from lightkube.models.core_v1 import Container, PodSpec, ResourceRequirements
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import ConfigMap, Event, Namespace, Node, Pod, ServiceAccount
@@ -35,13 +37,30 @@ from realapi import unique
 from realapi_support import observed
 from realcluster import RealCluster
 
+from sharing_plugin.dra.resources import resource_class
 from sharing_plugin.sources.kube import client_from_kubeconfig
 
 GPU = "nvidia.com/gpu"
+DRIVER = "gpu.sharing-plugin.io"
+SLICE = resource_class("resource.k8s.io/v1", "ResourceSlice")
+CLAIM_TEMPLATE = resource_registry.get(
+    "resource.k8s.io/v1", "ResourceClaimTemplate"
+) or create_namespaced_resource(
+    "resource.k8s.io", "v1", "ResourceClaimTemplate", "resourceclaimtemplates"
+)
 CONFIG_LABEL = "nvidia.com/device-plugin.config"
 STATE_LABEL = "nvidia.com/device-plugin.config.state"
-# The API objects deploy/ makes (its DaemonSet is the plugin run here, on the host).
-_DEPLOYED = {"ServiceAccount", "Role", "ClusterRole", "RoleBinding", "ClusterRoleBinding"}
+DEPLOY_DRA = DEPLOY / "dra"
+# The API objects deploy/ or deploy/dra/ makes (their DaemonSet is the plugin run here, on the
+# host; their ConfigMap is the test's to write).
+_DEPLOYED = {
+    "ServiceAccount",
+    "Role",
+    "ClusterRole",
+    "RoleBinding",
+    "ClusterRoleBinding",
+    "DeviceClass",
+}
 
 
 def sliced(replicas: int, name: str = GPU, **flags: str) -> str:
@@ -145,23 +164,44 @@ class OnNode:
         await observed(self.client, ServiceAccount, lambda a: "default" in a, namespace=name)
         return name
 
-    async def pod(self, namespace: str, name: str, limits: Mapping[str, int]) -> Pod:
-        """A pod of one container asking `limits` (extended resources: requests = limits)."""
+    async def pod(
+        self, namespace: str, name: str, limits: Mapping[str, int], *, template: str | None = None
+    ) -> Pod:
+        """A pod of one container asking `limits` (extended resources: requests = limits), and
+        a claim made from the ResourceClaimTemplate named `template`."""
         amounts = {k: str(v) for k, v in limits.items()}
+        claims = [{"name": "gpu"}] if template else None
         spec = PodSpec(
             containers=[
                 Container(
                     name="main",
                     image="registry.k8s.io/pause:3.10",
-                    resources=ResourceRequirements(limits=amounts),
+                    resources=ResourceRequirements(limits=amounts or None, claims=claims),
                 )
             ],
+            resourceClaims=[{"name": "gpu", "resourceClaimTemplateName": template}]
+            if template
+            else None,
             terminationGracePeriodSeconds=0,
         )
         created: Pod = await self.client.create(
             Pod(metadata=ObjectMeta(name=name, namespace=namespace), spec=spec)
         )
         return created
+
+    async def claim_template(self, namespace: str, name: str, device_class: str) -> None:
+        """A ResourceClaimTemplate asking one device of `device_class`."""
+        request = {"name": "gpu", "exactly": {"deviceClassName": device_class}}
+        await self.client.create(
+            CLAIM_TEMPLATE.from_dict(
+                {
+                    "apiVersion": "resource.k8s.io/v1",
+                    "kind": "ResourceClaimTemplate",
+                    "metadata": {"name": name, "namespace": namespace},
+                    "spec": {"spec": {"devices": {"requests": [request]}}},
+                }
+            )
+        )
 
     async def pod_when(
         self,
@@ -217,10 +257,12 @@ def unschedulable(pod: dict[str, Any]) -> str | None:
 
 
 @contextlib.asynccontextmanager
-async def on_node(cluster: RealCluster, workdir: Path) -> AsyncIterator[OnNode]:
-    """The node for one test: deploy/'s RBAC applied, a token of its ServiceAccount; the node
-    left clean at the end (see the module docstring)."""
-    docs = render(DEPLOY)
+async def on_node(
+    cluster: RealCluster, workdir: Path, deploy: Path = DEPLOY
+) -> AsyncIterator[OnNode]:
+    """The node for one test: `deploy`'s RBAC (and DeviceClasses) applied, a token of its
+    ServiceAccount; the node left clean at the end (see the module docstring)."""
+    docs = render(deploy)
     deployed = [d for d in docs if d["kind"] in _DEPLOYED]
     cluster.kubectl(
         "apply",
@@ -241,6 +283,7 @@ async def on_node(cluster: RealCluster, workdir: Path) -> AsyncIterator[OnNode]:
         **daemonset_env(docs, node=cluster.node),
         "KUBELET_DIR": str(cluster.kubelet_root),
         "CONFIG_FILE": str(config_dir),
+        "CDI_DIR": str(workdir / "cdi"),
         "METRICS_ADDRESS": "off",
         "LOG_FORMAT": "text",
         "KUBECONFIG": str(kubeconfig),
