@@ -10,7 +10,8 @@ waiting on the cluster's objects through watches.
             pod = await node.pod(await node.namespace(), "a", {GPU: 1})
 
 A session leaves the node as it found it: its namespaces deleted and their pods gone (their
-devices back), the node's config label removed, its plugin stopped.
+devices back), the node's config label removed, its plugin stopped and the Node listing none of
+its devices allocatable.
 """
 
 from __future__ import annotations
@@ -317,5 +318,14 @@ async def _clean(node: OnNode) -> None:
                 async for p in node.client.list(Pod, namespace="*", fields=on_node_field)
             }
             if ours_gone(pods):
-                return
+                break
             await asyncio.sleep(0.2)
+    # The plugin stopped: the Node lists none of its devices allocatable any more (at the
+    # kubelet's next status update), so the next test does not read this one's counts.
+    await node.node_when(
+        lambda n: all(
+            count == "0"
+            for name, count in n["status"]["allocatable"].items()
+            if name.startswith("nvidia.com/")
+        )
+    )

@@ -22,8 +22,9 @@ from sharing_plugin.plan import ResourcePlan, plan
 
 pytestmark = [
     pytest.mark.skipif(not realcluster.AVAILABLE, reason=realcluster.SKIP_REASON),
-    # The kubelet writes the Node's allocatable every 10 s; a test waits for several of them.
-    pytest.mark.timeout(150),
+    # The kubelet writes the Node's allocatable every 10 s, a test waits for several of them,
+    # and for the tests of other workers before it (one holds the cluster at a time).
+    pytest.mark.timeout(300),
 ]
 
 SHARED = "nvidia.com/gpu.shared"

@@ -17,7 +17,7 @@ from realcluster_support import DEPLOY_DRA, DRIVER, SLICE, OnNode, on_node, slic
 
 pytestmark = [
     pytest.mark.skipif(not realcluster.AVAILABLE, reason=realcluster.SKIP_REASON),
-    pytest.mark.timeout(150),
+    pytest.mark.timeout(300),
 ]
 
 T4X4 = "simulated:t4x4"
