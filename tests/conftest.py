@@ -13,17 +13,21 @@ from pathlib import Path
 
 import pytest
 import realapi
+import realcluster
 from kustomize_render import SHARED_DIR_ENV
 
 
 def pytest_configure(config: pytest.Config) -> None:
     """The directory the test processes of this run share (made before pytest-xdist starts its
-    workers, which inherit the variable), and in it what the shared real API server needs."""
+    workers, which inherit the variable), and in it what the shared real API server and real
+    cluster need."""
     if SHARED_DIR_ENV not in os.environ:
         os.environ[SHARED_DIR_ENV] = tempfile.mkdtemp(prefix="sharing-plugin-tests-")
         config.stash[_made_shared_dir] = os.environ[SHARED_DIR_ENV]
         if realapi.AVAILABLE:
             realapi.configure(Path(os.environ[SHARED_DIR_ENV]))
+        if realcluster.AVAILABLE:
+            realcluster.configure(Path(os.environ[SHARED_DIR_ENV]))
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
@@ -31,6 +35,8 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     if made is not None:
         if realapi.AVAILABLE:
             realapi.unconfigure(Path(made))  # after the workers: nobody uses the server now
+        if realcluster.AVAILABLE:
+            realcluster.unconfigure(Path(made))
         shutil.rmtree(made, ignore_errors=True)
         del os.environ[SHARED_DIR_ENV]
     # Python's last garbage collection at exit walks every object a test process made (~0.7 s
@@ -85,3 +91,14 @@ def real_api_alone() -> Iterator[realapi.RealApi]:
         pytest.skip(realapi.SKIP_REASON)
     with realapi.exclusive() as api:
         yield api
+
+
+@pytest.fixture
+def real_cluster() -> Iterator[realcluster.RealCluster]:
+    """The run's real one-node cluster (tests/realcluster.py), this test's alone while it runs:
+    leave its node as you found it (tests/realcluster_support.py `on_node` does). Skipped where
+    ../shared/tools is absent."""
+    if not realcluster.AVAILABLE:
+        pytest.skip(realcluster.SKIP_REASON)
+    with realcluster.held() as cluster:
+        yield cluster

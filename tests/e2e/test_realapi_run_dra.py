@@ -37,6 +37,7 @@ from realapi_support import (
     rules,
     sliced,
 )
+from support.dra.kubelet import DraKubeletSimulator
 
 from sharing_plugin.dra.api.dra.v1 import api_pb2 as dra
 from sharing_plugin.dra.api.dra.v1 import api_pb2_grpc as dra_grpc
@@ -149,7 +150,9 @@ async def test_run_dra_as_deploy_dra_configures_it_needs_every_rule_and_no_other
                 "KUBECONFIG": str(plugin.kubeconfig),
             }
             on_node = {"spec.nodeName": node}
-            async with PluginProcess([], env, command="run-dra") as process:
+            # The kubelet's plugin watcher: the slices are published once it registered us.
+            kubelet = DraKubeletSimulator(short_dir)
+            async with kubelet, PluginProcess([], env, command="run-dra") as process:
                 await observed(
                     cluster, slices, _dict(devices_published(node, 8, 1)), fields=on_node
                 )

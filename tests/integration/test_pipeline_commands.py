@@ -21,6 +21,7 @@ from daemon_harness import eventually, running
 from dra_harness import NODE, dra_running
 from kube_api import FakeKubeApi
 from plugin_process import PluginProcess
+from support.dra.kubelet import DraKubeletSimulator
 
 from sharing_plugin.daemon.node.outcome import Rejected
 from sharing_plugin.sources.kube import client_from_kubeconfig
@@ -108,7 +109,8 @@ async def test_run_dra_publishes_the_gpus_once_the_driver_answers(short_dir: Pat
             return sum(len(s["spec"]["devices"]) for s in api.dra_objects("resourceslices"))
 
         env = {"KUBECONFIG": str(kubeconfig)}
-        async with PluginProcess(args, env, command="run-dra") as plugin:
+        kubelet = DraKubeletSimulator(short_dir)  # slices are published once it registered us
+        async with kubelet, PluginProcess(args, env, command="run-dra") as plugin:
             await plugin.wait_for_line("NVML_ERROR_DRIVER_NOT_LOADED")
             await plugin.wait_for_line("applied (start, generation 1): 0 DRA device(s)")
             assert devices() == 0

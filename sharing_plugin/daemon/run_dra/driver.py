@@ -7,7 +7,7 @@ mode").
 Start order: the API (credentials, then which resource.k8s.io version the server serves), the
 pipeline's first update (config, GPUs, the same `plan_node` as `run` and `plan`), a refusal where
 a device plugin serves the same names on this node, the DRA socket and the registration socket,
-then the task that publishes the pool.
+then the task that publishes the pool once the kubelet confirmed the registration.
 
 The pool is a value recomputed from three inputs: the plan (config and GPUs), GPU health, and the
 devices prepared claims hold. Any change marks it dirty and one publishing task writes the

@@ -10,9 +10,10 @@ never race. A failed write is retried with backoff (0.2 s doubling to 10 s by
 default). Held devices the plan dropped stay published until their claim is unprepared (the
 draining rule, `views.dra.pool_devices`), and so do the counter sets they consume from. Dynamic
 MIG placements and their counter sets come from the state's `mig` (`views.dra_mig`).
-`registered()` asks for a forced publish, which checks the API and rewrites what the kubelet
-deleted. The kubelet also hears each device's health from here (given a health service): the
-same inputs, at every change, whether or not the API answers.
+Nothing is published before the kubelet confirmed the registration (a pod placed on a driver
+it has not registered fails its prepare); `registered()` asks for a forced publish, which checks
+the API and rewrites what the kubelet deleted. The kubelet also hears each device's health from
+here (given a health service): the same inputs, at every change, whether or not the API answers.
 """
 
 from __future__ import annotations
@@ -172,6 +173,11 @@ class PoolKeeper:
         while True:
             await self._dirty.wait()
             self._dirty.clear()
+            if not self._registered():
+                # The scheduler places pods on what is published, and the kubelet fails the
+                # prepare of a driver it has not registered (retrying only at its resync):
+                # the confirmation marks the pool dirty again.
+                continue
             force, self._force = self._force, False
             try:
                 counters, devices = self._pool()

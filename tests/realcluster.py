@@ -1,0 +1,259 @@
+"""A real one-node Kubernetes 1.36 cluster (`../shared/tools/realcluster.gz`: etcd, API server,
+scheduler, controller-manager and a real kubelet in one process; its README there), started once
+per test run and shared by every test process of it.
+
+The cluster takes 8-18 s and ~350 MiB to start, so the first test that needs it starts it and
+later ones use it: pytest-xdist's workers find it through the run's shared directory (made by
+tests/conftest.py). It has one node, and a test runs the plugin on that node: one test at a time
+holds the cluster (`held`), waiting for the one before it. Each test uses its own namespaces and
+leaves the node as it found it: no pod of its own left, its plugin stopped (`clean_node`). As
+with tests/realapi.py the cluster is nobody's child in the run, and reads stdin from a FIFO only
+the run's main process holds open: it stops when the run ends, however that ends.
+
+Its state lives in a short directory of its own under /tmp (the kubelet's sockets are below it,
+and a unix socket path holds 107 bytes); the shared directory records where.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import gzip
+import json
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from kustomize_render import SHARED_DIR_ENV
+
+ROOT = Path(__file__).resolve().parents[1]
+ARCHIVE = ROOT.parent / "shared" / "tools" / "realcluster.gz"
+AVAILABLE = ARCHIVE.is_file() and shutil.which("kubectl") is not None and os.geteuid() == 0
+SKIP_REASON = "../shared/tools/realcluster.gz, kubectl or root is missing (CI has them)"
+START_TIMEOUT_S = 90.0
+
+
+@dataclass(frozen=True)
+class RealCluster:
+    """A running cluster, as its ready line describes it."""
+
+    url: str
+    kubeconfig: Path  # the admin's (system:masters)
+    ca: Path
+    node: str
+    kubelet_root: Path
+    cri_log: Path
+    log: Path
+    pod_resources_socket: Path
+    pid: int
+    dir: Path  # its state: etcd, the kubelet's root, the runtime's records
+
+    def kubectl(self, *args: str, stdin: str | None = None, check: bool = True) -> str:
+        """`kubectl --kubeconfig ADMIN ARGS...`; its stdout (AssertionError with stderr when it
+        fails and `check`)."""
+        done = subprocess.run(
+            ["kubectl", "--kubeconfig", str(self.kubeconfig), *args],
+            input=stdin,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        if check:
+            assert done.returncode == 0, f"kubectl {' '.join(args)}: {done.stderr}"
+        return done.stdout + (done.stderr if not check else "")
+
+    def token_kubeconfig(self, path: Path, token: str, *, namespace: str = "default") -> Path:
+        """A kubeconfig for this cluster with a bearer token (a ServiceAccount's)."""
+        cluster = {"server": self.url, "certificate-authority": str(self.ca)}
+        context = {"cluster": "c", "user": "u", "namespace": namespace}
+        path.write_text(
+            json.dumps(
+                {
+                    "apiVersion": "v1",
+                    "kind": "Config",
+                    "clusters": [{"name": "c", "cluster": cluster}],
+                    "users": [{"name": "u", "user": {"token": token}}],
+                    "contexts": [{"name": "c", "context": context}],
+                    "current-context": "c",
+                }
+            )
+        )
+        return path
+
+    def created_containers(self, pod_uid: str | None = None) -> list[dict[str, Any]]:
+        """The runtime's CreateContainer records (of one pod's, given its UID), oldest first."""
+        records = []
+        with contextlib.suppress(FileNotFoundError):
+            for line in self.cri_log.read_text().splitlines():
+                with contextlib.suppress(ValueError):
+                    record = json.loads(line)
+                    if pod_uid is None or record.get("pod_uid") == pod_uid:
+                        records.append(record)
+        return records
+
+
+# --- the run's main process ------------------------------------------------------------------
+
+_held_stdin: list[int] = []
+
+
+def configure(shared: Path) -> None:
+    """In the run's main process, before the workers start: the FIFO the cluster reads as
+    stdin, held open here."""
+    home = shared / "realcluster"
+    home.mkdir()
+    os.mkfifo(home / "stdin")
+    _held_stdin.append(os.open(home / "stdin", os.O_RDWR | os.O_NONBLOCK))
+
+
+def unconfigure(shared: Path) -> None:
+    """In the run's main process, after the workers ended: stop the cluster, remove its state."""
+    home = shared / "realcluster"
+    with contextlib.suppress(FileNotFoundError):
+        ready = json.loads((home / "ready.json").read_text())
+        _stop(ready["pid"])
+    with contextlib.suppress(FileNotFoundError):
+        shutil.rmtree((home / "dir").read_text(), ignore_errors=True)
+    while _held_stdin:
+        os.close(_held_stdin.pop())
+
+
+# --- the tests' side -------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def held() -> Iterator[RealCluster]:
+    """The run's cluster (started now if it is not yet), this test's alone until it is done."""
+    home = _home()
+    with _lock(home / "use.lock"):
+        yield _started(home)
+
+
+def restart(cluster: RealCluster) -> RealCluster:
+    """Stop the cluster and start it again on its directory: etcd's data, the kubelet's
+    checkpoints and the runtime's state are kept (a node rebooting with pods bound to it)."""
+    home = _home()
+    _stop(cluster.pid)
+    (home / "ready.json").unlink()
+    return _start(home, cluster.dir)
+
+
+@contextlib.contextmanager
+def private() -> Iterator[RealCluster]:
+    """A cluster of its own (for a benchmark, outside a test run), stopped and removed on exit."""
+    home = Path(tempfile.mkdtemp(prefix="rch-"))
+    os.mkfifo(home / "stdin")
+    holder = os.open(home / "stdin", os.O_RDWR | os.O_NONBLOCK)
+    state = Path(tempfile.mkdtemp(prefix="rc-", dir="/tmp"))
+    try:
+        cluster = _start(home, state)
+        try:
+            yield cluster
+        finally:
+            _stop(cluster.pid)
+    finally:
+        os.close(holder)
+        shutil.rmtree(state, ignore_errors=True)
+        shutil.rmtree(home, ignore_errors=True)
+
+
+def _home() -> Path:
+    shared_dir = os.environ.get(SHARED_DIR_ENV)
+    if shared_dir is None:  # a test run without the suite's conftest
+        raise RuntimeError(f"{SHARED_DIR_ENV} is not set: run the tests through pytest")
+    return Path(shared_dir) / "realcluster"
+
+
+@contextlib.contextmanager
+def _lock(path: Path) -> Iterator[None]:
+    with open(path, "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _started(home: Path) -> RealCluster:
+    ready = home / "ready.json"
+    if ready.exists():
+        return _cluster(json.loads(ready.read_text()))
+    state = Path(tempfile.mkdtemp(prefix="rc-", dir="/tmp"))
+    (home / "dir").write_text(str(state))
+    return _start(home, state)
+
+
+def _start(home: Path, state: Path) -> RealCluster:
+    binary = home / "realcluster"
+    if not binary.exists():
+        partial = home / "realcluster.partial"
+        with gzip.open(ARCHIVE) as packed, partial.open("wb") as out:
+            shutil.copyfileobj(packed, out)
+        partial.chmod(0o755)
+        partial.rename(binary)
+    out = Path(tempfile.mkstemp(prefix="out-", suffix=".log", dir=home)[1])
+    command = [str(binary), "-dir", str(state)]
+    # Through a shell that exits at once: the cluster is nobody's child in the run.
+    subprocess.run(
+        ["sh", "-c", 'exec "$@" <"$STDIN" >"$OUT" 2>&1 &', "sh", *command],
+        env={**os.environ, "STDIN": str(home / "stdin"), "OUT": str(out)},
+        check=True,
+        timeout=10,
+    )
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while time.monotonic() < deadline:  # an outside process: its output file is all there is
+        for line in out.read_text().splitlines():
+            with contextlib.suppress(ValueError):
+                event = json.loads(line)
+                if event.get("event") == "ready":
+                    (home / "ready.partial").write_text(line)
+                    (home / "ready.partial").rename(home / "ready.json")
+                    return _cluster(event)
+                if event.get("ok") is False:
+                    raise RuntimeError(f"realcluster did not start: {line}")
+        time.sleep(0.05)
+    raise RuntimeError(f"realcluster not ready in {START_TIMEOUT_S:g} s: {out.read_text()[-2000:]}")
+
+
+def _cluster(ready: dict[str, Any]) -> RealCluster:
+    return RealCluster(
+        url=ready["url"],
+        kubeconfig=Path(ready["kubeconfig"]),
+        ca=Path(ready["ca"]),
+        node=ready["node"],
+        kubelet_root=Path(ready["kubelet_root"]),
+        cri_log=Path(ready["cri_log"]),
+        log=Path(ready["log"]),
+        pod_resources_socket=Path(ready["pod_resources_socket"]),
+        pid=int(ready["pid"]),
+        dir=Path(ready["dir"]),
+    )
+
+
+def _stop(pid: int) -> None:
+    """SIGTERM (the cluster stops its components in ~4 s), then wait until it is gone;
+    SIGKILL past 20 s."""
+    for sig, within in ((signal.SIGTERM, 20.0), (signal.SIGKILL, 10.0)):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, sig)
+        deadline = time.monotonic() + within
+        while _alive(pid) and time.monotonic() < deadline:  # not our child: nothing to wait on
+            time.sleep(0.02)
+        if not _alive(pid):
+            return
+    raise RuntimeError(f"realcluster (pid {pid}) did not stop")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return stat.rpartition(")")[2].split()[0] != "Z"
