@@ -262,6 +262,7 @@ def test_the_components_are_the_documented_ones() -> None:
         "no-api",
         "mps",
         "usage",
+        "memory-limits",
     }
     for name in on_disk:
         assert (
@@ -292,6 +293,24 @@ def test_usage_component_mounts_the_host_proc_read_only_and_points_proc_root_the
     assert role["rules"] == [{"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "watch"]}]
     base = [d for d in kustomize(DEPLOY) if d["kind"] == "ClusterRole"]
     assert all("pods" not in str(d["rules"]) for d in base)  # only with the component
+
+
+@needs_kubectl
+def test_memory_limits_component_gives_the_plugin_the_cdi_dir_and_the_hook_at_host_paths(
+    tmp_path: Path,
+) -> None:
+    pod = rendered_pod(with_components(tmp_path, "memory-limits"))
+    (container,) = pod["containers"]
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    hook, cdi = env["NVIDIA_CDI_HOOK_PATH"], env["CDI_DIR"]
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    mounts = {m["mountPath"]: m for m in container["volumeMounts"]}
+    # The runtime runs the hook and reads the spec on the host: the plugin sees both where the
+    # host has them.
+    assert volumes[mounts[hook]["name"]]["hostPath"] == {"path": hook, "type": "File"}
+    assert mounts[hook]["readOnly"] is True
+    assert volumes[mounts[cdi]["name"]]["hostPath"]["path"] == cdi
+    assert not mounts[cdi].get("readOnly", False)
 
 
 @needs_kubectl
