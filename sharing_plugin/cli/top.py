@@ -154,6 +154,8 @@ def _device(gpu: dict[str, Any], device: dict[str, Any]) -> list[str]:
         )
         used = c.get("memoryUsed", 0)
         memory = _memory(used, c.get("share", 0)) if c.get("pod") else _gib(used)
+        if isinstance(c.get("cap"), int):
+            memory += f" cap {c['cap'] / _GIB:.1f}"
         if c.get("overShare"):
             memory += " !"
         utilization = c.get("utilization")

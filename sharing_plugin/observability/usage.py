@@ -12,7 +12,8 @@ sample here), which for the three series of each of 384 containers was half of o
 20 ms budget. Each row's label string is escaped once and shared by its three series.
 
 Series (bytes, ratios 0..1; `mig` is the MIG profile, empty for a whole GPU):
-`sharing_plugin_pod_gpu_memory_used_bytes`, `sharing_plugin_pod_gpu_memory_share_bytes` and
+`sharing_plugin_pod_gpu_memory_used_bytes`, `sharing_plugin_pod_gpu_memory_share_bytes`,
+`sharing_plugin_pod_gpu_memory_cap_bytes` (only where the driver caps it) and
 `sharing_plugin_pod_gpu_utilization_ratio` {namespace, pod, container, resource, gpu, mig};
 `sharing_plugin_gpu_memory_used_bytes` and `sharing_plugin_gpu_memory_total_bytes` {gpu};
 `sharing_plugin_replica_memory_share_bytes` {resource, gpu, mig};
@@ -35,6 +36,9 @@ FAMILIES = {
     "pod_gpu_memory_used_bytes": "GPU memory the pod's processes use.",
     "pod_gpu_memory_share_bytes": (
         "GPU memory the replicas the container holds entitle it to (0: holds none there)."
+    ),
+    "pod_gpu_memory_cap_bytes": (
+        "GPU memory the driver caps the container at there (memoryLimits); no series: no cap."
     ),
     "pod_gpu_utilization_ratio": (
         "SM utilization of the container's processes over NVML's last second (0..1)."
@@ -97,6 +101,7 @@ class UsageExposition:
 def _pods(containers: Sequence[ContainerUsage], lines: dict[str, list[str]]) -> None:
     memory: dict[tuple[str, ...], int] = {}
     shares: dict[tuple[str, ...], int] = {}
+    caps: dict[tuple[str, ...], int] = {}
     busy: dict[tuple[str, ...], float] = {}
     for c in containers:
         h = c.holder
@@ -104,6 +109,8 @@ def _pods(containers: Sequence[ContainerUsage], lines: dict[str, list[str]]) -> 
         memory[key] = memory.get(key, 0) + c.memory
         if c.attributed:
             shares[key] = shares.get(key, 0) + c.share
+        if c.cap is not None:
+            caps[key] = caps.get(key, 0) + c.cap
         if c.sm is not None:
             busy[key] = min(busy.get(key, 0.0) + c.sm, 1.0)
     for key, value in memory.items():
@@ -111,6 +118,8 @@ def _pods(containers: Sequence[ContainerUsage], lines: dict[str, list[str]]) -> 
         lines["pod_gpu_memory_used_bytes"].append(f"{labels} {value}")
         if key in shares:
             lines["pod_gpu_memory_share_bytes"].append(f"{labels} {shares[key]}")
+        if key in caps:
+            lines["pod_gpu_memory_cap_bytes"].append(f"{labels} {caps[key]}")
         if key in busy:
             lines["pod_gpu_utilization_ratio"].append(f"{labels} {busy[key]!r}")
 
@@ -160,6 +169,7 @@ def usage_document(view: UsageView) -> dict[str, Any]:
                                 "replicas": list(c.replicas),
                                 "memoryUsed": c.memory,
                                 "share": c.share,
+                                "cap": c.cap,
                                 "utilization": c.sm,
                                 "pids": list(c.pids),
                                 "overShare": (c.holder.namespace, c.holder.pod, d.uuid) in over,

@@ -13,14 +13,16 @@ cgroup driver and the runtime:
 
 cgroup v1 lists one line per hierarchy (``<n>:<controllers>:<path>``), v2 a single
 ``0::<path>``; in hybrid mode both appear. Every line is looked at: the first naming a pod
-decides. A static pod's UID is a 32-digit hash without dashes, kept as it is. The container ID
-is the runtime's 64 hex digits; CRI-O's monitor process (``crio-conmon-<id>``) and anything else
-below the pod that is not a container ID give the pod without a container.
+decides. The v2 path is kept as read: it names the cgroup NVML caps GPU memory on. A static
+pod's UID is a 32-digit hash without dashes, kept as it is. The container ID is the runtime's
+64 hex digits; CRI-O's monitor process (``crio-conmon-<id>``) and anything else below the pod
+that is not a container ID give the pod without a container.
 """
 
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 
 from sharing_plugin.usage.model import CgroupRef
 
@@ -35,6 +37,12 @@ _CONTAINER = re.compile(
 def parse_cgroup(text: str) -> CgroupRef | None:
     """The pod (and container) the cgroup file `text` places its process in; None for a
     process in no pod's cgroup (a host daemon, a process of the node itself)."""
+    unified = ""
+    for line in text.splitlines():
+        hierarchy, sep, rest = line.partition(":")
+        controllers, sep2, path = rest.partition(":")
+        if sep and sep2 and hierarchy == "0" and not controllers:
+            unified = path.strip()
     for line in text.splitlines():
         _, sep, rest = line.partition(":")
         _, sep2, path = rest.partition(":")
@@ -42,7 +50,7 @@ def parse_cgroup(text: str) -> CgroupRef | None:
             continue
         found = _in_path(path.strip())
         if found is not None:
-            return found
+            return replace(found, path=unified)
     return None
 
 

@@ -50,6 +50,9 @@ class CgroupRef:
 
     pod_uid: str  # lower case, with dashes: as metadata.uid reads
     container_id: str | None  # the runtime's ID (64 hex digits), without a `containerd://` prefix
+    # The cgroup v2 path (`0::<path>`) as read, "" on cgroup v1: the namespace NVML caps memory
+    # on. Not part of the identity: the same container whatever the path reads.
+    path: str = field(default="", compare=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,6 +106,7 @@ class ContainerUsage:
     share: int  # bytes its replicas entitle it to
     sm: float | None  # summed SM utilization of its processes, 0..1; None: not known
     pids: tuple[int, ...]
+    cap: int | None = None  # bytes the driver caps it at there (memoryLimits): its replicas' caps
 
     @property
     def attributed(self) -> bool:

@@ -67,6 +67,7 @@ def build_report(
     """
     devices = _devices(inventory)
     shares = _shares(plan, devices)
+    caps = _caps(plan)
     replicas = list(held or ())
     held_on: dict[str, list[HeldReplica]] = defaultdict(list)
     for replica in replicas:
@@ -102,13 +103,17 @@ def build_report(
                 mine[replica.holder].append(replica)
             containers = sorted(
                 (
-                    _container(device, holder, processes, mine.get(holder, ()), shares, sampled)
+                    _container(
+                        device, holder, processes, mine.get(holder, ()), shares, sampled, caps
+                    )
                     for holder, processes in rows.get(device.uuid, {}).items()
                 ),
                 key=lambda c: (c.holder.namespace, c.holder.pod, c.holder.container),
             )
             for process in sorted(unattributed.get(device.uuid, ()), key=lambda p: p.pid):
-                containers.append(_container(device, UNATTRIBUTED, [process], (), shares, sampled))
+                containers.append(
+                    _container(device, UNATTRIBUTED, [process], (), shares, sampled, caps)
+                )
             device_shares = tuple(shares_of.get(device.uuid, ()))
             if not device_shares and not containers:
                 continue
@@ -174,9 +179,11 @@ def _container(
     held: Iterable[HeldReplica],
     shares: Mapping[tuple[str, str], tuple[int, int]],
     sampled: bool,
+    caps: Mapping[str, int],
 ) -> ContainerUsage:
-    """`held`: the replicas `holder` holds on the device."""
+    """`held`: the replicas `holder` holds on the device; `caps`: device ID -> its cap."""
     mine = sorted(held, key=lambda r: r.device_id) if holder.pod else []
+    capped = [caps[r.device_id] for r in mine if r.device_id in caps]
     resources = sorted({r.resource for r in mine})
     share = sum(shares.get((device.uuid, r.resource), (0, 0))[1] for r in mine)
     known = [p.sm for p in processes if p.sm is not None]
@@ -192,7 +199,20 @@ def _container(
         share=share,
         sm=min(sm, 1.0) if sm is not None else None,
         pids=tuple(sorted(p.pid for p in processes)),
+        cap=sum(capped) if capped else None,
     )
+
+
+def _caps(plan: Plan | None) -> dict[str, int]:
+    """Advertised ID -> the bytes the driver caps that replica at (only capped replicas)."""
+    if plan is None:
+        return {}
+    return {
+        d.id: d.memory_cap_mib * MIB
+        for r in plan.resources
+        for d in r.devices
+        if d.memory_cap_mib is not None
+    }
 
 
 def _devices(inventory: Inventory) -> dict[str, _Device]:
