@@ -110,6 +110,7 @@ def test_status_lists_holders_users_and_pids() -> None:
             "replicas": [replica_id(G0, 0)],
             "memoryUsed": 0,
             "share": 40 * GIB,
+            "cap": None,
             "utilization": 0.0,
             "pids": [],
             "overShare": False,

@@ -169,6 +169,15 @@ def expected(example_name: str, preset: str) -> dict[str, str] | None:
             "nvidia.com/gpu-10gb.replicas": str(replicas),
             "nvidia.com/gpu-10gb.sharing-strategy": strategy,
         }
+    if example_name == "enforced-shares":  # memoryPerReplica 10Gi, time-slicing, not renamed
+        replicas = memory // 10240
+        shared = replicas > 1
+        return gpu_labels(
+            preset,
+            replicas=replicas,
+            strategy="time-slicing" if shared else "none",
+            suffix="-SHARED" if shared else "",
+        )
     if example_name == "per-gpu-replicas":
         if preset == "workstation":  # GPUs 1-3 do not exist
             return None
@@ -241,6 +250,7 @@ def test_every_example_on_every_preset_labels_as_gfd_documents(
 def test_the_examples_checked_are_all_there_are() -> None:
     assert EXAMPLE_NAMES == [
         "dynamic-mig",
+        "enforced-shares",
         "mig-mixed",
         "mig-partitioning",
         "mps",
