@@ -44,7 +44,6 @@ from sharing_plugin.mig.desired import Holder
 from sharing_plugin.nvml.api import NvmlApi
 from sharing_plugin.plan.model import Plan
 from sharing_plugin.plan.node import plan_node
-from sharing_plugin.sources.nodelabel import NodeLabelWatcher
 from sharing_plugin.sources.update import ConfigUpdate, Trigger
 
 if TYPE_CHECKING:
@@ -285,6 +284,9 @@ class NodePipeline:
         node, client = self.options.node_name, self.client
         if node is None or client is None:
             return
+        # Imported with the API client: a `run` without one never loads the API's sources.
+        from sharing_plugin.sources.nodelabel import NodeLabelWatcher
+
         watcher = NodeLabelWatcher(
             node,
             label=self.options.config_label,
