@@ -1,4 +1,4 @@
-"""A plain `run` loads only what it runs: no Kubernetes client, DRA, MPS or usage reading.
+"""A plain `run` loads only what it runs: no Kubernetes client, DRA, MPS, usage reading, labels.
 
 `run` without `--node-name`/`--config-map`, on a node whose config has no MPS resource and that
 nobody scrapes, must not pay at start (time, memory) for the parts it does not use. The child is
@@ -44,8 +44,9 @@ sys.exit(main(sys.argv[3:]))
 """
 
 # Module prefixes a plain `run` must not load: the Kubernetes client and the sources that use
-# it, the other commands' rooms, the DRA adapter and views, the MPS adapter (no MPS resource),
-# and per-pod usage's reading side (loaded at the first scrape or held shared replica).
+# it, the other commands' rooms, the DRA adapter, the MPS adapter (no MPS resource),
+# per-pod usage's reading side (loaded at the first scrape or held shared replica), and the GFD
+# labels (computed only where they are published: `--labels-file`, `--node-labels`).
 NOT_LOADED = (
     "lightkube",
     "httpx",
@@ -57,8 +58,6 @@ NOT_LOADED = (
     "sharing_plugin.daemon.run_dra",
     "sharing_plugin.daemon.mps_control",
     "sharing_plugin.dra",
-    "sharing_plugin.views.dra",
-    "sharing_plugin.views.cdi",
     "sharing_plugin.mps",
     "sharing_plugin.usage.report",
     "sharing_plugin.usage.overshare",
@@ -66,6 +65,8 @@ NOT_LOADED = (
     "sharing_plugin.sources.proc",
     "sharing_plugin.nvml.processes",
     "sharing_plugin.observability.usage",
+    "sharing_plugin.views",
+    "sharing_plugin.observability.labels_file",
 )
 
 
