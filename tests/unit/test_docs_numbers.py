@@ -17,6 +17,8 @@ import pytest
 
 from sharing_plugin.cli import _parser
 from sharing_plugin.config.base import DEFAULT_IGNORED_XIDS, MAX_DEVICES_PER_RESOURCE
+from sharing_plugin.config.options import Flags as ConfigFlags
+from sharing_plugin.config.options import Health
 from sharing_plugin.config.usage import DEFAULT_OVER_SHARE_SECONDS
 from sharing_plugin.config.yamldoc import MAX_BYTES
 from sharing_plugin.daemon.node import pipeline
@@ -27,7 +29,9 @@ from sharing_plugin.daemon.run.options import RunOptions
 from sharing_plugin.dra import health as dra_health
 from sharing_plugin.kubelet import server, servicer
 from sharing_plugin.kubelet.api.constants import KUBELET_MAX_RECEIVE_MESSAGE_BYTES
+from sharing_plugin.mps.watch import STALE_HEARTBEATS
 from sharing_plugin.observability import nodestatus
+from sharing_plugin.plan.mps import MPS_CLIENTS_NEW, MPS_CLIENTS_OLD
 from sharing_plugin.sources import apiconfig, kube
 from sharing_plugin.views.dra_api import (
     MAX_COUNTER_SETS_PER_SLICE,
@@ -227,6 +231,19 @@ LIMITS = (
         "receive limit)",
     ),
     (README, f"ignoredXids: [{', '.join(map(str, DEFAULT_IGNORED_XIDS))}] # application errors"),
+    (
+        README,
+        f"recoveryQuietPeriodSeconds: {Health().recovery_quiet_period_seconds} "
+        f"recoveryCheckSeconds: {Health().recovery_check_seconds} "
+        f"recoveryCheckMaxSeconds: {Health().recovery_check_max_seconds}",
+    ),
+    # MPS.
+    (README, f"`flags.mpsRoot` (default `{ConfigFlags().mps_root}`)"),
+    (README, f"({MPS_CLIENTS_NEW} per GPU, {MPS_CLIENTS_OLD} before compute capability 7.5)"),
+    (
+        README,
+        f"not confirmed it for {('one', 'two', 'three', 'four')[STALE_HEARTBEATS - 1]} heartbeats",
+    ),
     # Per-pod usage.
     (README, f"`usage.overShareSeconds` (default {DEFAULT_OVER_SHARE_SECONDS})"),
     (README, f"every quarter of that time ({_g(usage._CHECK_S[0])} to {_g(usage._CHECK_S[1])} s)"),
