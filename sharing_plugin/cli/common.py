@@ -79,12 +79,16 @@ LOG_FLAGS: tuple[Flag, ...] = (
 def source_options(args: argparse.Namespace) -> SourceOptions:
     """The config sources, GPUs and node of a serving command; ValueError for a bad value."""
     from sharing_plugin.daemon.node.options import SourceOptions
-    from sharing_plugin.sources.apiconfig import parse_config_map_ref
 
+    config_map = None
+    if args.config_map:
+        from sharing_plugin.sources.apiconfig import parse_config_map_ref
+
+        config_map = parse_config_map_ref(args.config_map)
     return SourceOptions(
         config_path=Path(args.config) if args.config else None,
         config_name=args.config_name or None,
-        config_map=parse_config_map_ref(args.config_map) if args.config_map else None,
+        config_map=config_map,
         config_label=args.config_label,
         gpus=args.gpus,
         kubelet_dir=Path(args.kubelet_dir),

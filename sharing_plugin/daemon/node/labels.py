@@ -16,11 +16,10 @@ from typing import TYPE_CHECKING
 
 from sharing_plugin.config.model import Config
 from sharing_plugin.gpus.inventory import Inventory
-from sharing_plugin.observability.labels_file import LabelsFile, LabelsFileError
 from sharing_plugin.plan.model import Plan
-from sharing_plugin.views.labels import labels_for
 
 if TYPE_CHECKING:
+    from sharing_plugin.observability.labels_file import LabelsFile
     from sharing_plugin.observability.nodestatus import NodeStatusReporter
 
 log = logging.getLogger(__name__)
@@ -30,7 +29,12 @@ class LabelPublisher:
     """Publishes the labels of each applied plan (see the module doc)."""
 
     def __init__(self, *, file: Path | None, reporter: NodeStatusReporter | None) -> None:
-        self._file = LabelsFile(file) if file is not None else None
+        self._file: LabelsFile | None = None
+        if file is not None:
+            # Imported only where labels are published, as the labels themselves are.
+            from sharing_plugin.observability.labels_file import LabelsFile
+
+            self._file = LabelsFile(file)
         self._reporter = reporter
         self._last: dict[str, str] | None = None
 
@@ -41,6 +45,9 @@ class LabelPublisher:
     async def publish(self, config: Config, inventory: Inventory, plan: Plan) -> None:
         if not self.active:
             return
+        from sharing_plugin.observability.labels_file import LabelsFileError
+        from sharing_plugin.views.labels import labels_for
+
         labels = labels_for(config, inventory, plan)
         if labels == self._last:
             return
@@ -58,6 +65,8 @@ class LabelPublisher:
         """Remove the feature file (SIGTERM): the node's labels go with the plugin."""
         if self._file is None:
             return
+        from sharing_plugin.observability.labels_file import LabelsFileError
+
         try:
             await asyncio.to_thread(self._file.remove)
         except LabelsFileError as exc:

@@ -25,7 +25,6 @@ from sharing_plugin.errors import SharingPluginError
 from sharing_plugin.gpus.inventory import Inventory
 from sharing_plugin.kit.tasks import TaskOwner
 from sharing_plugin.plan.model import Plan
-from sharing_plugin.sources.nodelabel import NodeLabelWatcher
 
 if TYPE_CHECKING:
     from lightkube import AsyncClient
@@ -110,6 +109,9 @@ class NodeSide:
         node, client = self._options.node_name, self.client
         if node is None or client is None:
             return
+        # Imported with the API client: a `run` without one never loads the API's sources.
+        from sharing_plugin.sources.nodelabel import NodeLabelWatcher
+
         watcher = NodeLabelWatcher(
             node,
             label=self._options.config_label,

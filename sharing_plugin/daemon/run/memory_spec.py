@@ -16,7 +16,6 @@ from sharing_plugin.config.memory import hook_path
 from sharing_plugin.daemon.node.outcome import Applied
 from sharing_plugin.errors import SharingPluginError
 from sharing_plugin.kit.cdi import CdiSpecDir
-from sharing_plugin.views.cdi_memory import memory_limit_spec, spec_file_name
 
 
 class MemoryLimitSpec:
@@ -33,6 +32,9 @@ class MemoryLimitSpec:
         limits = applied.config.memory_limits
         if not limits.on:
             return
+        # Loaded with the first config that caps: a `run` without caps never needs it.
+        from sharing_plugin.views.cdi_memory import memory_limit_spec, spec_file_name
+
         spec = memory_limit_spec(
             [gpu.uuid for gpu in applied.inventory.gpus],
             hook_path=hook_path(limits, self._hook_default),

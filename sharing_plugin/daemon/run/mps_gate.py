@@ -16,14 +16,16 @@ import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sharing_plugin.kit.tasks import TaskOwner
-from sharing_plugin.mps import RecordView, current_view, watch_record
 from sharing_plugin.observability.metrics import Metrics
 from sharing_plugin.observability.status import StatusBoard
 from sharing_plugin.plan.model import Plan
 from sharing_plugin.plan.mps import MpsDaemon
+
+if TYPE_CHECKING:
+    from sharing_plugin.mps import RecordView
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +66,9 @@ class MpsGate:
         for name, root in wanted.items():
             if name in self._watched:
                 continue
+            # Imported with the first MPS resource: a node without one never loads the adapter.
+            from sharing_plugin.mps import current_view, watch_record
+
             # What the file says now, so the first plan applied is already gated right.
             view = current_view(name, Path(root))
             task = self._tasks.spawn(

@@ -41,25 +41,20 @@ from sharing_plugin.gpus.inventory import Inventory
 from sharing_plugin.kit.tasks import TaskOwner
 from sharing_plugin.kubelet.podresources import PodResourcesClient
 from sharing_plugin.nvml.api import NvmlApi
-from sharing_plugin.nvml.processes import ProcessReader
 from sharing_plugin.observability.metrics import Metrics
 from sharing_plugin.observability.status import StatusBoard, rfc3339
-from sharing_plugin.observability.usage import UsageExposition, UsageView, usage_document
 from sharing_plugin.plan.model import Plan
-from sharing_plugin.sources.pods import NodePods
-from sharing_plugin.sources.proc import CgroupReader
-from sharing_plugin.usage.model import CgroupRef, NvmlUsage, PodIdentity
-from sharing_plugin.usage.overshare import (
-    Exceeded,
-    OverShareTracker,
-    pods_on_shared_devices,
-)
-from sharing_plugin.usage.report import build_report
 
 if TYPE_CHECKING:
     from lightkube import AsyncClient
 
+    from sharing_plugin.nvml.processes import ProcessReader
     from sharing_plugin.observability.nodestatus import NodeStatusReporter
+    from sharing_plugin.observability.usage import UsageView
+    from sharing_plugin.sources.pods import NodePods
+    from sharing_plugin.sources.proc import CgroupReader
+    from sharing_plugin.usage.model import CgroupRef, NvmlUsage, PodIdentity
+    from sharing_plugin.usage.overshare import Exceeded, OverShareTracker
 
 log = logging.getLogger(__name__)
 
@@ -89,14 +84,18 @@ class UsageMonitor:
         status: StatusBoard,
         pod_resources: PodResourcesClient,
     ) -> None:
-        self._reader = ProcessReader(nvml)
-        self._cgroups = CgroupReader(proc_root)
+        self._nvml = nvml
+        self._proc_root = proc_root
+        # Made at the first reading, with the usage package they need: a `run` that is never
+        # scraped and whose pods hold no shared replica never loads it.
+        self._readers: tuple[ProcessReader, CgroupReader] | None = None
+        self._tracker: OverShareTracker | None = None
         self._metrics = metrics
         self._status = status
         self._pod_resources = pod_resources
         self._tasks = TaskOwner("usage")
         # The config default until the first config says otherwise (`follow`).
-        self._tracker = OverShareTracker(after_s=DEFAULT_OVER_SHARE_SECONDS)
+        self._over_share_s: float = DEFAULT_OVER_SHARE_SECONDS
         self._followed: _Followed | None = None
         self._view: UsageView | None = None
         self._view_at: float | None = None
@@ -107,7 +106,7 @@ class UsageMonitor:
         self._node_name: str | None = None
         self._reporter: NodeStatusReporter | None = None
         self._pods: NodePods | None = None
-        metrics.add_exposition(UsageExposition(lambda: self._view).text)
+        metrics.add_exposition(self._exposition)
         metrics.on_allocate(self._on_allocate)
         status.set_usage(self._document)
 
@@ -133,8 +132,10 @@ class UsageMonitor:
             mps_gpus=frozenset(d.uuid for m in plan.mps for d in m.devices),
             shared=frozenset(r.name for r in plan.resources if any(d.shared for d in r.devices)),
         )
-        if over_share_s != self._tracker.after_s:
-            self._tracker.after_s = over_share_s
+        if over_share_s != self._over_share_s:
+            self._over_share_s = over_share_s
+            if self._tracker is not None:
+                self._tracker.after_s = over_share_s
             self._retime.set()  # a waiting check takes the new interval
         self._view_at = None  # shares may have changed: the next request reads again
         if self._followed.shared:
@@ -142,7 +143,8 @@ class UsageMonitor:
 
     async def close(self) -> None:
         await self._tasks.close()
-        await asyncio.to_thread(self._reader.close)
+        if self._readers is not None:
+            await asyncio.to_thread(self._readers[0].close)
 
     # --- readings ----------------------------------------------------------------------------
 
@@ -163,8 +165,19 @@ class UsageMonitor:
         return self._view
 
     async def _read(self) -> None:
+        from sharing_plugin.nvml.processes import ProcessReader
+        from sharing_plugin.observability.usage import UsageView
+        from sharing_plugin.sources.proc import CgroupReader
+        from sharing_plugin.usage.overshare import OverShareTracker, pods_on_shared_devices
+        from sharing_plugin.usage.report import build_report
+
         followed = self._followed
         assert followed is not None
+        if self._readers is None:
+            self._readers = (ProcessReader(self._nvml), CgroupReader(self._proc_root))
+        if self._tracker is None:
+            self._tracker = OverShareTracker(after_s=self._over_share_s)
+        tracker = self._tracker
         held = await self._pod_resources.held_replicas()
         reading, cgroups = await asyncio.to_thread(self._read_node, followed)
         pods = await self._pods_by_uid(cgroups)
@@ -177,10 +190,10 @@ class UsageMonitor:
             pods=pods,
         )
         now = asyncio.get_running_loop().time()
-        newly = self._tracker.observe(pods_on_shared_devices(report), now)
+        newly = tracker.observe(pods_on_shared_devices(report), now)
         self._view = UsageView(
             report=report,
-            exceeded=tuple(self._tracker.exceeded()),
+            exceeded=tuple(tracker.exceeded()),
             at=rfc3339(dt.datetime.now(dt.UTC)),
         )
         self._view_at = now
@@ -191,8 +204,10 @@ class UsageMonitor:
 
     def _read_node(self, followed: _Followed) -> tuple[NvmlUsage, dict[int, CgroupRef | None]]:
         """The blocking part: NVML, then the cgroups of the pids it listed."""
-        reading = self._reader.read(followed.inventory, mps=followed.mps_gpus)
-        return reading, self._cgroups.cgroups(p.pid for p in reading.processes)
+        assert self._readers is not None
+        reader, cgroups = self._readers
+        reading = reader.read(followed.inventory, mps=followed.mps_gpus)
+        return reading, cgroups.cgroups(p.pid for p in reading.processes)
 
     async def _pods_by_uid(
         self, cgroups: Mapping[int, CgroupRef | None]
@@ -203,6 +218,8 @@ class UsageMonitor:
                 return None
             if not any(ref is not None for ref in cgroups.values()):
                 return None
+            from sharing_plugin.sources.pods import NodePods
+
             self._pods = NodePods(self._client, self._node_name)
             self._tasks.spawn(self._pods.run(), name="node-pods", eternal=True)
             with contextlib.suppress(TimeoutError):
@@ -211,7 +228,16 @@ class UsageMonitor:
         return self._pods.by_uid if self._pods.synced.is_set() else None
 
     def _document(self) -> dict[str, Any] | None:
-        return usage_document(self._view) if self._view is not None else None
+        if self._view is None:
+            return None
+        from sharing_plugin.observability.usage import usage_document
+
+        return usage_document(self._view)
+
+    def _exposition(self) -> bytes:
+        from sharing_plugin.observability.usage import UsageExposition
+
+        return UsageExposition(lambda: self._view).text()
 
     # --- over-share --------------------------------------------------------------------------
 
@@ -232,8 +258,8 @@ class UsageMonitor:
         PodResources only once the container is being created."""
         loop = asyncio.get_running_loop()
         while True:
-            interval = min(max(self._tracker.after_s / 4, _CHECK_S[0]), _CHECK_S[1])
-            deadline = self._tracker.next_deadline()
+            interval = min(max(self._over_share_s / 4, _CHECK_S[0]), _CHECK_S[1])
+            deadline = self._tracker.next_deadline() if self._tracker is not None else None
             delay = interval if deadline is None else min(interval, deadline - loop.time())
             self._retime.clear()
             try:
@@ -276,7 +302,7 @@ class UsageMonitor:
         )
         message = (
             f"pod {u.namespace}/{u.pod} uses {_gib(u.memory)} of {where}, over its share of "
-            f"{_gib(u.share)} ({replicas}) for more than {self._tracker.after_s:g} s"
+            f"{_gib(u.share)} ({replicas}) for more than {self._over_share_s:g} s"
         )
         log.warning("%s", message, extra={"reason": REASON})
         self._metrics.count_share_exceeded(u.gpu)
