@@ -210,6 +210,13 @@ class Metrics:
             ["gpu"],
             registry=r,
         )
+        self._caps_late = Counter(
+            f"{_PREFIX}_memory_limit_applied_late",
+            "GPU memory caps the plugin set itself on a container's cgroup, where the CDI hook "
+            "had set none (memoryLimits).",
+            ["gpu"],
+            registry=r,
+        )
         self._allocate_listeners: list[Callable[[str], None]] = []
         self._expositions: list[Callable[[], bytes]] = []
 
@@ -300,6 +307,9 @@ class Metrics:
 
     def count_share_exceeded(self, gpu: str) -> None:
         self._share_exceeded.labels(gpu).inc()
+
+    def count_cap_applied_late(self, gpu: str) -> None:
+        self._caps_late.labels(gpu).inc()
 
     def count_mps_restarts(self, resource: str, restarts: int) -> None:
         """Add `restarts` restarts of `resource`'s MPS control daemon."""

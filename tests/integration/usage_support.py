@@ -34,14 +34,23 @@ GIB = 1 << 30
 Series = dict[frozenset[tuple[str, str]], float]
 
 
-def write_node(path: Path, processes: list[dict[str, Any]] | None = None, *, gpus: int = 2) -> Path:
-    """The simulated node (T4s) with `processes`, replaced in one rename as an editor does."""
+def write_node(
+    path: Path,
+    processes: list[dict[str, Any]] | None = None,
+    *,
+    gpus: int = 2,
+    driver: str | None = None,
+) -> Path:
+    """The simulated node (T4s, the simulator's default driver unless `driver`) with
+    `processes`, replaced in one rename as an editor does."""
     tmp = path.with_name(path.name + ".tmp")
-    description = {
+    description: dict[str, Any] = {
         "name": "usage",
         "gpus": [{"product": "Tesla T4", "count": gpus}],
         "processes": processes or [],
     }
+    if driver is not None:
+        description["driverVersion"] = driver
     tmp.write_text(yaml_fast.dump(description))
     tmp.replace(path)
     return path
@@ -106,9 +115,10 @@ async def plugin(
     *,
     api: FakeKubeApi | None = None,
     gpus_count: int = 2,
+    driver: str | None = None,
     **options: Any,
 ) -> AsyncIterator[tuple[Running, int]]:
-    node = write_node(root / "node.yaml", gpus=gpus_count)
+    node = write_node(root / "node.yaml", gpus=gpus_count, driver=driver)
     (root / "proc").mkdir()
     port = free_port()
     client = None

@@ -48,12 +48,13 @@ from sharing_plugin.plan.model import Plan
 if TYPE_CHECKING:
     from lightkube import AsyncClient
 
+    from sharing_plugin.daemon.run.late_caps import LateCaps
     from sharing_plugin.nvml.processes import ProcessReader
     from sharing_plugin.observability.nodestatus import NodeStatusReporter
     from sharing_plugin.observability.usage import UsageView
     from sharing_plugin.sources.pods import NodePods
     from sharing_plugin.sources.proc import CgroupReader
-    from sharing_plugin.usage.model import CgroupRef, NvmlUsage, PodIdentity
+    from sharing_plugin.usage.model import CgroupRef, NvmlUsage, PodIdentity, UsageReport
     from sharing_plugin.usage.overshare import Exceeded, OverShareTracker
 
 log = logging.getLogger(__name__)
@@ -90,6 +91,7 @@ class UsageMonitor:
         # scraped and whose pods hold no shared replica never loads it.
         self._readers: tuple[ProcessReader, CgroupReader] | None = None
         self._tracker: OverShareTracker | None = None
+        self._late_caps: LateCaps | None = None
         self._metrics = metrics
         self._status = status
         self._pod_resources = pod_resources
@@ -189,6 +191,8 @@ class UsageMonitor:
             cgroups=cgroups,
             pods=pods,
         )
+        if followed.plan.memory_limits is not None:
+            await self._mend_caps(report, cgroups)
         now = asyncio.get_running_loop().time()
         newly = tracker.observe(pods_on_shared_devices(report), now)
         self._view = UsageView(
@@ -201,6 +205,20 @@ class UsageMonitor:
             self._report_exceeded(exceeded)
         if report.shared_in_use:
             self._wake()
+
+    async def _mend_caps(
+        self, report: UsageReport, cgroups: Mapping[int, CgroupRef | None]
+    ) -> None:
+        """Caps the hook did not set, set now (see `late_caps`)."""
+        from sharing_plugin.daemon.run.late_caps import LateCaps
+        from sharing_plugin.usage.caps import cgroup_caps
+
+        caps = cgroup_caps(report, cgroups)
+        if not caps:
+            return
+        if self._late_caps is None:
+            self._late_caps = LateCaps(self._nvml, self._metrics)
+        await asyncio.to_thread(self._late_caps.mend, caps)
 
     def _read_node(self, followed: _Followed) -> tuple[NvmlUsage, dict[int, CgroupRef | None]]:
         """The blocking part: NVML, then the cgroups of the pids it listed."""
