@@ -137,3 +137,22 @@ async def test_a_cdi_dir_that_cannot_be_written_keeps_the_last_good_config(
         await eventually(lambda: status(run)["lastError"] is not None)
         assert "cannot write the memory-limit CDI spec" in str(status(run)["lastError"])
         assert run.kubelet.capacity(SHARED) == 4  # the last good config still serves
+
+
+async def test_a_held_replica_stays_advertised_draining_when_required_withdraws_it(
+    short_dir: Path,
+) -> None:
+    gpus, path = t4_node(short_dir), hook(short_dir)
+    async with running(
+        short_dir, config("required", path), gpus=gpus, cdi_dir=short_dir / "cdi"
+    ) as run:
+        pod = await run.kubelet.admit_pod("p", containers={"c": {SHARED: 1}})
+        (held,) = pod.device_ids("c", SHARED)
+        path.unlink()  # the toolkit goes away: no GPU can enforce now
+        run.write(config("required", path, replicas=2))  # a reload plans again
+        await eventually(lambda: run.kubelet.allocatable(SHARED) == 0)
+        # Capacity never lies: the held replica is still advertised, Unhealthy (draining).
+        assert run.kubelet.devices(SHARED) == {held: "Unhealthy"}
+        assert status(run)["resources"][SHARED]["draining"] == [held]  # type: ignore[index]
+        run.kubelet.delete_pod("p")
+        await eventually(lambda: run.kubelet.devices(SHARED) == {})
