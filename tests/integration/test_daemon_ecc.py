@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from daemon_harness import Running, append_fault, node_file, running
+from support.observe import health_monitor
 
 GPU = "nvidia.com/gpu"
 NODE: dict[str, Any] = {
@@ -45,7 +46,7 @@ def backed_by(run: Running, index: int) -> set[str]:
 
 
 async def watching(run: Running) -> None:
-    monitor = run.daemon.pipeline.health_monitor
+    monitor = health_monitor(run.daemon.pipeline)
     assert monitor is not None
     await asyncio.wait_for(monitor.watching.wait(), 2)
 

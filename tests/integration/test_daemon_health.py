@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 from daemon_harness import Running, append_fault, node_file, running
+from support.observe import health_monitor
 
 from sharing_plugin.daemon.node.health_monitor import HealthEnv
 from sharing_plugin.sim.kubelet.admission import AdmissionError
@@ -113,7 +114,7 @@ def gpu_uuid(run: Running, index: int) -> str:
 async def health_watch(run: Running) -> None:
     """Wait until the daemon's Xid watch is registered: an Xid from before has no event set
     to land in and is lost, as with NVML (the simulator drops it the same way)."""
-    monitor = run.daemon.pipeline.health_monitor
+    monitor = health_monitor(run.daemon.pipeline)
     assert monitor is not None
     await asyncio.wait_for(monitor.watching.wait(), 2.0)
 
@@ -278,7 +279,7 @@ async def test_dp_disable_healthchecks_all_ignores_xids(short_dir: Path) -> None
     env = HealthEnv.from_environ({"DP_DISABLE_HEALTHCHECKS": "all"})
     node = node_file(short_dir, WHOLE_NODE)
     async with running(short_dir, SHARED_ALL, gpus=f"simulated:{node}", health_env=env) as run:
-        monitor = run.daemon.pipeline.health_monitor
+        monitor = health_monitor(run.daemon.pipeline)
         assert monitor is not None and not monitor.settings.enabled
         run.nvml.inject_xid(2, 79)
         run.nvml.set_lost(3)

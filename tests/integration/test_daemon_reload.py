@@ -7,6 +7,7 @@ from pathlib import Path
 
 import grpc
 from daemon_harness import Running, running
+from support.observe import servers
 
 from sharing_plugin.sim.kubelet.simulator import AdmissionError
 
@@ -140,7 +141,7 @@ async def test_burst_of_twenty_edits_ends_in_the_last_one(short_dir: Path) -> No
             await asyncio.sleep(0.002)
         await _wait_capacity(run, {GPU: 8 * 22})
         assert _registrations(run, GPU) == 1
-        assert run.daemon.supervisor.servers[GPU].open_streams == 1
+        assert servers(run.daemon.supervisor)[GPU].open_streams == 1
 
 
 async def test_deleted_file_keeps_serving_and_reports(short_dir: Path) -> None:
@@ -157,7 +158,7 @@ async def test_deleted_file_keeps_serving_and_reports(short_dir: Path) -> None:
 
 async def test_allocate_during_a_reload_storm_sees_one_consistent_plan(short_dir: Path) -> None:
     async with running(short_dir, sliced(2)) as run:
-        server = run.daemon.supervisor.servers[GPU]
+        server = servers(run.daemon.supervisor)[GPU]
         assert server.socket_path is not None
         from sharing_plugin.kubelet.api.deviceplugin.v1beta1 import api_pb2 as dp
         from sharing_plugin.kubelet.api.deviceplugin.v1beta1 import api_pb2_grpc as dp_grpc

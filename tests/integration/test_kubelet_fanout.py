@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 from daemon_harness import running
+from support.observe import servers
 
 from sharing_plugin.config.model import Config
 from sharing_plugin.gpus.inventory import Inventory
@@ -141,7 +142,7 @@ async def test_a_rename_reaches_kubelet_whatever_the_old_sockets_streams_do(
     short_dir: Path,
 ) -> None:
     async with running(short_dir, CONFIG.format(rename="false", replicas=REPLICAS)) as run:
-        socket = run.daemon.supervisor.servers[GPU].socket_path
+        socket = servers(run.daemon.supervisor)[GPU].socket_path
         assert socket is not None
         async with other_streams(socket):
             # Pushes while the frozen readers do not read: their sockets fill up.

@@ -247,11 +247,6 @@ class NodePipeline:
         """GPU and MIG UUID -> why it is Unhealthy, for the Unhealthy ones of `health`."""
         return dict(self._faults)
 
-    @property
-    def health_monitor(self) -> HealthMonitor | None:
-        """The GPU health monitor, once a config with GPUs has been applied."""
-        return self._health_monitor
-
     def healthy_plan(self, applied: Applied) -> Plan:
         """`applied.plan` with the devices of Unhealthy GPUs marked, when health checks are on."""
         if not self._health_checked(applied):
