@@ -29,7 +29,13 @@ from mps_harness import (
 )
 from support.mps import write_wrapper
 
-from sharing_plugin.mps import DaemonRecord, DaemonState, process_alive, write_record
+from sharing_plugin.mps import (
+    DaemonRecord,
+    DaemonState,
+    process_alive,
+    read_record,
+    write_record,
+)
 
 REPLICAS = 4
 ALL = 2 * REPLICAS  # two GPUs
@@ -159,7 +165,14 @@ async def test_a_waiting_change_keeps_waiting_while_the_kubelet_cannot_tell(
         await eventually_record(mps_root, lambda r: r.state is DaemonState.WAITING)
         # PodResources gone (a kubelet restarting): the pod is still there, its daemon stays.
         run.kubelet.pod_resources_socket.unlink()
-        await asyncio.sleep(0.5)  # ten rechecks (recheck_s 0.05)
+        # The next change (no MPS at all) is weighed against a kubelet that cannot tell: its
+        # last answer counts, so the stop waits for the pod too, and says so once applied.
+        with control.pipeline.outcomes() as outcomes:
+            write(run.config, f"version: v1\nflags:\n  mpsRoot: {mps_root}\n")
+            await outcomes.applied()
+        record = read_record(resource_root(mps_root))
+        assert record is not None and record.state is DaemonState.WAITING
+        assert record.reason is not None and record.reason.startswith("stopping the daemon")
         assert first is not None and process_alive(first)
         assert daemon_pid(mps_root) == first
 
