@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 from daemon_harness import Running, eventually, run_options, running
 from prometheus_client.parser import text_string_to_metric_families
+from support.configs import sliced
 
 from sharing_plugin.backends import backend_from_spec
 from sharing_plugin.daemon.run.app import Daemon
@@ -23,17 +24,6 @@ from sharing_plugin.sim.kubelet.simulator import AdmissionError, KubeletSimulato
 
 GPU = "nvidia.com/gpu"
 PR_ERRORS = "sharing_plugin_podresources_errors"
-
-
-def sliced(replicas: int) -> str:
-    return f"""\
-version: v1
-sharing:
-  timeSlicing:
-    resources:
-      - name: nvidia.com/gpu
-        replicas: {replicas}
-"""
 
 
 def unhealthy(kubelet: KubeletSimulator, resource: str = GPU) -> set[str]:

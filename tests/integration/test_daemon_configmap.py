@@ -9,19 +9,13 @@ from pathlib import Path
 from daemon_harness import Running, running
 from k8s_fake import ConfigMapVolume
 from kube_api import FakeKubeApi
+from support.configs import sliced
 
 from sharing_plugin.sources.kube import client_from_kubeconfig
 
 GPU = "nvidia.com/gpu"
 LABEL = "nvidia.com/device-plugin.config"
 NODE = "gpu-node-1"
-
-
-def sliced(replicas: int) -> str:
-    return (
-        "version: v1\nsharing:\n  timeSlicing:\n    resources:\n"
-        f"      - name: nvidia.com/gpu\n        replicas: {replicas}\n"
-    )
 
 
 def two_configs(root: Path) -> ConfigMapVolume:

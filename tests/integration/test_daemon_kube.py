@@ -10,6 +10,7 @@ from typing import Any
 from daemon_harness import Running, eventually, running
 from k8s_fake import ConfigMapVolume
 from kube_api import FakeKubeApi
+from support.configs import sliced
 
 from sharing_plugin.observability.nodestatus import CONFIG_ANNOTATION, STATE_LABEL
 from sharing_plugin.sources.kube import client_from_kubeconfig
@@ -18,13 +19,6 @@ GPU = "nvidia.com/gpu"
 NODE = "gpu-node-1"
 LABEL = "nvidia.com/device-plugin.config"
 NS, CM = "kube-system", "gpu-config"
-
-
-def sliced(replicas: int) -> str:
-    return (
-        "version: v1\nsharing:\n  timeSlicing:\n    resources:\n"
-        f"      - name: nvidia.com/gpu\n        replicas: {replicas}\n"
-    )
 
 
 @contextlib.asynccontextmanager

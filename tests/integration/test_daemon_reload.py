@@ -7,24 +7,13 @@ from pathlib import Path
 
 import grpc
 from daemon_harness import Running, running
+from support.configs import sliced
 from support.observe import servers
 
 from sharing_plugin.sim.kubelet.simulator import AdmissionError
 
 GPU = "nvidia.com/gpu"
 SHARED = "nvidia.com/gpu.shared"
-
-
-def sliced(replicas: int, *, rename: bool = False, extra: str = "") -> str:
-    return f"""\
-version: v1
-{extra}sharing:
-  timeSlicing:
-    renameByDefault: {"true" if rename else "false"}
-    resources:
-      - name: nvidia.com/gpu
-        replicas: {replicas}
-"""
 
 
 def _registrations(run: Running, resource: str) -> int:
@@ -122,7 +111,7 @@ async def test_held_replicas_drain_then_vanish_when_released(short_dir: Path) ->
 async def test_broken_edit_keeps_the_last_good_config_until_fixed(short_dir: Path) -> None:
     async with running(short_dir, sliced(2)) as run:
         with run.daemon.pipeline.outcomes() as outcomes:
-            run.write(sliced(4).replace("replicas: 4", "replicas: 0"))
+            run.write(sliced(4, rename=False).replace("replicas: 4", "replicas: 0"))
             await outcomes.rejected()
         error = run.daemon.status.last_error
         assert error is not None and "config.yaml:7:19" in error and "replicas" in error
