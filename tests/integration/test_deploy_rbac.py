@@ -29,11 +29,14 @@ from k8s_fake import ConfigMapVolume
 from kube_api import FakeKubeApi, Permissions, Request
 from kustomize_render import daemonset_env
 from kustomize_render import render as kustomize_render
+from support.configs import sliced
 
 from sharing_plugin.cli import run as run_command
 from sharing_plugin.daemon.run.options import RunOptions
 from sharing_plugin.observability.nodestatus import STATE_LABEL
 from sharing_plugin.sources.kube import client_from_kubeconfig
+
+pytestmark = pytest.mark.kubectl
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
@@ -190,13 +193,6 @@ def options_from(env: dict[str, str], root: Path) -> RunOptions:
         parser = argparse.ArgumentParser()
         run_command.register(parser.add_subparsers())
         return run_command.run_options(parser.parse_args(["run"]))
-
-
-def sliced(replicas: int) -> str:
-    return (
-        "version: v1\nsharing:\n  timeSlicing:\n    resources:\n"
-        f"      - name: nvidia.com/gpu\n        replicas: {replicas}\n"
-    )
 
 
 @dataclass

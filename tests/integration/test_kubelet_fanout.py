@@ -30,6 +30,8 @@ from sharing_plugin.kubelet.server import AllocateContext, ResourceServer
 from sharing_plugin.plan import Plan
 from sharing_plugin.sim.kubelet.simulator import KubeletSimulator
 
+pytestmark = pytest.mark.subprocess
+
 MakePlan = Callable[..., tuple[Plan, Config, Inventory]]
 GPU = "nvidia.com/gpu"
 CLIENTS = Path(__file__).with_name("stream_clients.py")

@@ -53,6 +53,7 @@ def write(path: Path, text: str) -> None:
     tmp.replace(path)
 
 
+@pytest.mark.subprocess
 async def test_starts_one_daemon_with_the_reference_limits(
     short_dir: Path, binary: Path, gpus: str
 ) -> None:
@@ -71,6 +72,7 @@ async def test_starts_one_daemon_with_the_reference_limits(
         assert (resource_root(mps_root) / "log" / "control.log").exists()
 
 
+@pytest.mark.subprocess
 async def test_for_dra_claims_the_daemon_limits_no_client_itself(
     short_dir: Path, binary: Path, gpus: str
 ) -> None:
@@ -85,6 +87,7 @@ async def test_for_dra_claims_the_daemon_limits_no_client_itself(
         assert found.limits["activeThreadPercentage"] == 100
 
 
+@pytest.mark.subprocess
 async def test_a_dead_daemon_is_restarted(short_dir: Path, binary: Path, gpus: str) -> None:
     mps_root = short_dir / "mps"
     config = short_dir / "config.yaml"
@@ -101,6 +104,7 @@ async def test_a_dead_daemon_is_restarted(short_dir: Path, binary: Path, gpus: s
         assert limits_of(binary, pipe_of(mps_root), 2) == ("50.0", ["20480M", "40960M"])
 
 
+@pytest.mark.subprocess
 async def test_reload_restarts_only_a_changed_daemon_and_adoption_keeps_it(
     short_dir: Path, binary: Path, gpus: str
 ) -> None:
@@ -135,6 +139,7 @@ async def test_reload_restarts_only_a_changed_daemon_and_adoption_keeps_it(
         assert log.read_text().count("Startup") == starts
 
 
+@pytest.mark.subprocess
 async def test_a_resource_no_longer_shared_stops_its_daemon(
     short_dir: Path, binary: Path, gpus: str
 ) -> None:
@@ -166,6 +171,7 @@ def prepare_claim(kubelet_dir: Path, resource: str) -> Checkpoint:
     return checkpoint
 
 
+@pytest.mark.subprocess
 async def test_under_dra_a_daemon_a_prepared_claim_uses_waits_for_its_release(
     short_dir: Path, binary: Path, gpus: str
 ) -> None:
@@ -198,6 +204,7 @@ def test_an_unreadable_checkpoint_is_not_taken_for_no_claims(short_dir: Path) ->
     assert checkpoint.path.exists()  # and another process's file is left as it is
 
 
+@pytest.mark.subprocess
 async def test_a_broken_binary_is_retried_and_reported(short_dir: Path, gpus: str) -> None:
     mps_root = short_dir / "mps"
     config = short_dir / "config.yaml"
@@ -207,6 +214,7 @@ async def test_a_broken_binary_is_retried_and_reported(short_dir: Path, gpus: st
         assert failed.reason is not None and "cannot run the MPS control binary" in failed.reason
 
 
+@pytest.mark.subprocess
 async def test_sizes_and_limits_from_the_config_reach_the_daemon(
     short_dir: Path, binary: Path, gpus: str
 ) -> None:

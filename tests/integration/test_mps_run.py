@@ -58,6 +58,7 @@ def write(path: Path, text: str) -> None:
     tmp.replace(path)
 
 
+@pytest.mark.subprocess
 async def test_run_first_then_mps_control_and_a_crash_is_unhealthy_within_a_second(
     short_dir: Path, binary: Path, gpus: str
 ) -> None:
@@ -98,6 +99,7 @@ async def test_run_first_then_mps_control_and_a_crash_is_unhealthy_within_a_seco
             )
 
 
+@pytest.mark.subprocess
 async def test_mps_control_first_and_a_plugin_restart_finds_the_daemon_serving(
     short_dir: Path, binary: Path, gpus: str
 ) -> None:
@@ -115,6 +117,7 @@ async def test_mps_control_first_and_a_plugin_restart_finds_the_daemon_serving(
         assert daemon_pid(mps_root) == ready.pid
 
 
+@pytest.mark.subprocess
 async def test_a_limit_change_waits_for_the_pods_holding_replicas(
     short_dir: Path, binary: Path, gpus: str
 ) -> None:
@@ -148,6 +151,7 @@ async def test_a_limit_change_waits_for_the_pods_holding_replicas(
         await run.kubelet.wait_for(lambda: run.allocatable() == {RESOURCE: 4}, timeout=10)
 
 
+@pytest.mark.subprocess
 async def test_a_waiting_change_keeps_waiting_while_the_kubelet_cannot_tell(
     short_dir: Path, binary: Path, gpus: str
 ) -> None:

@@ -91,6 +91,7 @@ async def test_a_rejected_configs_error_stays_through_node_updates_and_api_troub
         assert run.daemon.status.last_error == error
 
 
+@pytest.mark.subprocess
 async def test_run_dra_publishes_the_gpus_once_the_driver_answers(short_dir: Path) -> None:
     node = short_dir / "node.yaml"
     node.write_text(yaml_fast.dump({"gpus": [{"product": "Tesla T4", "count": 2}]}))
