@@ -36,7 +36,7 @@ unit: $(STAMP)
 	PYTHONDONTWRITEBYTECODE= $(BIN)/pytest -n 3
 
 # The fast lane while editing (<= 15 s on 2 cores): tests/unit less the tests that start a
-# process or search exhaustively (CONTRIBUTING.md, "Markers"); about 12 s of CPU in all, so two
+# process or search exhaustively (CONTRIBUTING.md, "Markers"); 14-18 s of CPU in all, so two
 # workers, each collecting the folder once.
 unit-fast: $(STAMP)
 	PYTHONDONTWRITEBYTECODE= $(BIN)/pytest -n 2 -m "not subprocess and not exhaustive" tests/unit
