@@ -8,7 +8,7 @@ from pathlib import Path
 import grpc
 from daemon_harness import Running, running
 from support.configs import sliced
-from support.observe import servers
+from support.observe import open_streams, servers
 
 from sharing_plugin.sim.kubelet.simulator import AdmissionError
 
@@ -130,7 +130,7 @@ async def test_burst_of_twenty_edits_ends_in_the_last_one(short_dir: Path) -> No
             await asyncio.sleep(0.002)
         await _wait_capacity(run, {GPU: 8 * 22})
         assert _registrations(run, GPU) == 1
-        assert servers(run.daemon.supervisor)[GPU].open_streams == 1
+        assert open_streams(servers(run.daemon.supervisor)[GPU]) == 1
 
 
 async def test_deleted_file_keeps_serving_and_reports(short_dir: Path) -> None:

@@ -21,7 +21,7 @@ import pytest
 from daemon_harness import Running, running
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from support.observe import servers
+from support.observe import open_streams, servers
 
 from sharing_plugin.kubelet.api.deviceplugin.v1beta1 import api_pb2 as dp
 from sharing_plugin.kubelet.api.deviceplugin.v1beta1 import api_pb2_grpc as dp_grpc
@@ -209,7 +209,7 @@ async def test_fuzzed_requests_get_answers_or_invalid_argument_and_the_server_su
     # Still serving: the kubelet's stream is open and a pod is admitted through Allocate.
     for name, resource in _plan(node).items():
         server = servers(node.daemon.supervisor)[name]
-        assert server.open_streams == 1 and server.socket_path == sockets[name]
+        assert open_streams(server) == 1 and server.socket_path == sockets[name]
         assert node.kubelet.capacity(name) == len(resource.devices)
     pod = await node.kubelet.admit_pod("after", containers={"c": {SLICED: 1, GPU: 2}})
     assert len(pod.device_ids("c", GPU)) == 2 and len(pod.device_ids("c", SLICED)) == 1

@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 from daemon_harness import Running, running
 from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
-from support.observe import servers
+from support.observe import open_streams, servers
 
 from sharing_plugin.config.yamldoc import MAX_BYTES
 
@@ -206,4 +206,4 @@ async def _fuzz(run: Running) -> None:
 
     await asyncio.to_thread(fuzz)
     assert daemon.supervisor.advertised is not None
-    assert all(s.open_streams == 1 for s in servers(daemon.supervisor).values())
+    assert all(open_streams(s) == 1 for s in servers(daemon.supervisor).values())

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 from daemon_harness import running
-from support.observe import servers
+from support.observe import open_streams, servers
 
 from sharing_plugin.config.model import Config
 from sharing_plugin.gpus.inventory import Inventory
@@ -107,7 +107,7 @@ async def test_a_push_reaches_kubelet_whatever_the_other_streams_do(
         await kubelet_sim.wait_for(lambda: kubelet_sim.capacity(GPU) == 8 * REPLICAS)
         assert server.socket_path is not None
         async with other_streams(server.socket_path):
-            assert server.open_streams == 51
+            assert open_streams(server) == 51
             for replicas in (REPLICAS + 1, REPLICAS + 2) * 3:
                 new = make_plan(time_slicing(replicas))[0].resource(GPU)
                 assert new is not None

@@ -30,6 +30,12 @@ def servers(supervisor: Supervisor) -> Mapping[str, ResourceServer]:
     return dict(supervisor._servers)
 
 
+def open_streams(server: ResourceServer) -> int:
+    """ListAndWatch streams kubelet holds open on the server's current socket."""
+    listener = server._listener
+    return len(listener.servicer._streams) if listener is not None else 0
+
+
 def unconfirmed_grants(supervisor: Supervisor) -> dict[str, frozenset[str]]:
     """Per resource, IDs Allocate granted that PodResources has not shown yet (counted as held
     meanwhile)."""
