@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 from daemon_harness import eventually, node_file, run_options, running
-from support.observe import health_monitor, resource_names, servers
+from support.observe import health_monitor, next_applied, resource_names, servers
 
 from sharing_plugin.backends import backend_from_spec
 from sharing_plugin.daemon.run.app import Daemon
@@ -138,7 +138,7 @@ async def test_gpus_that_appear_later_are_served_without_failon_init_error(
         assert daemon.supervisor.advertised.resources == ()
         with daemon.pipeline.outcomes() as outcomes:
             node.write_text(node.read_text().replace("driverLoaded: false", "driverLoaded: true"))
-            found = await outcomes.applied()
+            found = await next_applied(outcomes)
         assert found.trigger is Trigger.GPUS_FOUND and len(found.inventory.gpus) == 4
         await kubelet.wait_for(lambda: kubelet.allocatable("nvidia.com/gpu") == 8, timeout=5)
         status = daemon.status.to_json()

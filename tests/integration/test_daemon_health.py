@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 from daemon_harness import Running, append_fault, node_file, running
-from support.observe import health_monitor
+from support.observe import health_monitor, next_applied
 
 from sharing_plugin.daemon.node.health_monitor import HealthEnv
 from sharing_plugin.sim.kubelet.admission import AdmissionError
@@ -263,7 +263,7 @@ async def test_health_disabled_in_the_config_ignores_xids_until_enabled(short_di
         append_fault(node, {"gpu": 2, "xid": 79})
         with run.daemon.pipeline.outcomes() as outcomes:
             run.write(SHARED_ALL)
-            await outcomes.applied()
+            await next_applied(outcomes)
         await health_watch(run)
         # With checks off nothing watched GPU 2's Xid; the one after enabling is seen alone.
         append_fault(node, {"gpu": 3, "xid": 79})

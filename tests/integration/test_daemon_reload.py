@@ -8,7 +8,7 @@ from pathlib import Path
 import grpc
 from daemon_harness import Running, running
 from support.configs import sliced
-from support.observe import open_streams, servers
+from support.observe import next_applied, next_rejected, open_streams, servers
 
 from sharing_plugin.sim.kubelet.simulator import AdmissionError
 
@@ -65,9 +65,9 @@ async def test_unchanged_resource_gets_no_message(short_dir: Path) -> None:
         messages = run.kubelet.messages(GPU)
         with run.daemon.pipeline.outcomes() as outcomes:
             run.write(sliced(2) + "# only a comment changed\n")
-            await outcomes.applied()
+            await next_applied(outcomes)
             run.daemon.request_reload()
-            await outcomes.applied()
+            await next_applied(outcomes)
         # A real change now: its list arrives after anything the reloads above sent (one stream,
         # in order), so exactly one more message means they sent none.
         run.write(sliced(3))
@@ -112,7 +112,7 @@ async def test_broken_edit_keeps_the_last_good_config_until_fixed(short_dir: Pat
     async with running(short_dir, sliced(2)) as run:
         with run.daemon.pipeline.outcomes() as outcomes:
             run.write(sliced(4, rename=False).replace("replicas: 4", "replicas: 0"))
-            await outcomes.rejected()
+            await next_rejected(outcomes)
         error = run.daemon.status.last_error
         assert error is not None and "config.yaml:7:19" in error and "replicas" in error
         assert run.capacity() == {GPU: 16}
@@ -137,7 +137,7 @@ async def test_deleted_file_keeps_serving_and_reports(short_dir: Path) -> None:
     async with running(short_dir, sliced(2)) as run:
         with run.daemon.pipeline.outcomes() as outcomes:
             run.config.unlink()
-            await outcomes.rejected()
+            await next_rejected(outcomes)
         error = run.daemon.status.last_error
         assert error is not None and "config.yaml" in error
         assert run.capacity() == {GPU: 16}

@@ -16,7 +16,7 @@ import pytest
 from daemon_harness import append_fault, node_file
 from dra_harness import DRIVER, NODE, DraRun, dra_running
 from kube_api import FakeKubeApi
-from support.observe import health_monitor, wait_published
+from support.observe import health_monitor, next_applied, wait_published
 
 from sharing_plugin.backends import backend_from_spec
 from sharing_plugin.dra.claims import ClaimRef
@@ -307,7 +307,7 @@ async def test_a_declared_layout_is_applied_and_waits_for_the_claim_on_its_insta
         assert (await run.prepare(ref)).error == ""
         with run.daemon.pipeline.outcomes() as outcomes:
             run.write(declared("{7g.80gb: 1}"))
-            await outcomes.applied()
+            await next_applied(outcomes)
         (state,) = run.daemon.status.to_json()["mig"].values()
         assert state["state"] == "pending"
         uuid = held.attributes["uuid"]["string"]
@@ -317,7 +317,7 @@ async def test_a_declared_layout_is_applied_and_waits_for_the_claim_on_its_insta
         assert calls(run) == []  # nothing touched while the claim holds its instance
         with run.daemon.pipeline.outcomes() as outcomes:
             assert await run.unprepare(ref) == ""
-            while (await outcomes.applied()).trigger.value != "MIG layout pending":
+            while (await next_applied(outcomes)).trigger.value != "MIG layout pending":
                 pass
         assert instances(run, 3) == ["7g.80gb@0"]
         (state,) = run.daemon.status.to_json()["mig"].values()

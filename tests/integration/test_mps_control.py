@@ -23,6 +23,7 @@ from mps_harness import (
     resource_root,
 )
 from support.mps import write_wrapper
+from support.observe import next_applied
 
 from sharing_plugin.dra.checkpoint import (
     Checkpoint,
@@ -115,11 +116,11 @@ async def test_reload_restarts_only_a_changed_daemon_and_adoption_keeps_it(
         first = await eventually_record(mps_root, lambda r: r.state is DaemonState.READY)
         with running.pipeline.outcomes() as outcomes:
             write(config, mps_config(mps_root, replicas=4) + "# same meaning\n")
-            await outcomes.applied()
+            await next_applied(outcomes)
             assert daemon_pid(mps_root) == first.pid
 
             write(config, mps_config(mps_root, replicas=2))
-            await outcomes.applied()
+            await next_applied(outcomes)
         second = await eventually_record(
             mps_root, lambda r: r.state is DaemonState.READY and r.pid != first.pid
         )
@@ -150,7 +151,7 @@ async def test_a_resource_no_longer_shared_stops_its_daemon(
         first = await eventually_record(mps_root, lambda r: r.state is DaemonState.READY)
         with running.pipeline.outcomes() as outcomes:
             write(config, f"version: v1\nflags:\n  mpsRoot: {mps_root}\n")
-            await outcomes.applied()
+            await next_applied(outcomes)
         assert first.pid is not None and not process_alive(first.pid)
         assert record(mps_root) is None
 
@@ -187,7 +188,7 @@ async def test_under_dra_a_daemon_a_prepared_claim_uses_waits_for_its_release(
         checkpoint = prepare_claim(kubelet_dir, RESOURCE)
         with running.pipeline.outcomes() as outcomes:
             write(config, f"version: v1\nflags:\n  mpsRoot: {mps_root}\n")
-            await outcomes.applied()
+            await next_applied(outcomes)
         waiting = await eventually_record(mps_root, lambda r: r.state is DaemonState.WAITING)
         assert waiting.reason is not None and "1 device(s) their claims hold" in waiting.reason
         assert first.pid is not None and process_alive(first.pid)

@@ -28,6 +28,7 @@ from mps_harness import (
     resource_root,
 )
 from support.mps import write_wrapper
+from support.observe import next_applied
 
 from sharing_plugin.mps import (
     DaemonRecord,
@@ -132,7 +133,7 @@ async def test_a_limit_change_waits_for_the_pods_holding_replicas(
 
         with control.pipeline.outcomes() as outcomes:
             write(run.config, mps_config(mps_root, replicas=2))
-            await outcomes.applied()
+            await next_applied(outcomes)
         waiting = await eventually_record(mps_root, lambda r: r.state is DaemonState.WAITING)
         assert waiting.pid == first
         assert waiting.reason is not None and "1 replica(s)" in waiting.reason
@@ -165,7 +166,7 @@ async def test_a_waiting_change_keeps_waiting_while_the_kubelet_cannot_tell(
         await run.kubelet.admit_pod("client", containers={"main": {RESOURCE: 1}})
         with control.pipeline.outcomes() as outcomes:
             write(run.config, mps_config(mps_root, replicas=2))
-            await outcomes.applied()
+            await next_applied(outcomes)
         await eventually_record(mps_root, lambda r: r.state is DaemonState.WAITING)
         # PodResources gone (a kubelet restarting): the pod is still there, its daemon stays.
         run.kubelet.pod_resources_socket.unlink()
@@ -173,7 +174,7 @@ async def test_a_waiting_change_keeps_waiting_while_the_kubelet_cannot_tell(
         # last answer counts, so the stop waits for the pod too, and says so once applied.
         with control.pipeline.outcomes() as outcomes:
             write(run.config, f"version: v1\nflags:\n  mpsRoot: {mps_root}\n")
-            await outcomes.applied()
+            await next_applied(outcomes)
         record = read_record(resource_root(mps_root))
         assert record is not None and record.state is DaemonState.WAITING
         assert record.reason is not None and record.reason.startswith("stopping the daemon")

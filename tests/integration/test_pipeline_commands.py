@@ -21,6 +21,7 @@ from daemon_harness import eventually, running
 from dra_harness import NODE, dra_running
 from kube_api import FakeKubeApi
 from plugin_process import PluginProcess
+from support.observe import next_rejected
 
 from sharing_plugin.daemon.node.outcome import Rejected
 from sharing_plugin.sources.kube import client_from_kubeconfig
@@ -76,7 +77,7 @@ async def test_a_rejected_configs_error_stays_through_node_updates_and_api_troub
     async with started(short_dir, SHARED) as (api, run):
         with run.daemon.pipeline.outcomes() as outcomes:
             run.write(BROKEN)
-            rejected = await outcomes.rejected()
+            rejected = await next_rejected(outcomes)
         assert isinstance(rejected, Rejected)
         error = run.daemon.status.last_error
         assert error is not None and "replicas: must be >= 1 (got 0)" in error

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Mapping
+from typing import TypeVar
 
 from sharing_plugin.daemon.node.health_monitor import HealthMonitor
+from sharing_plugin.daemon.node.outcome import Applied, Outcome, Outcomes, Rejected
 from sharing_plugin.daemon.node.pipeline import NodePipeline
 from sharing_plugin.daemon.node.tasks import TaskOwner
 from sharing_plugin.daemon.run.supervisor import Supervisor
@@ -70,3 +72,35 @@ async def wait_published(
     published = keeper.publisher.published
     assert published is not None
     return published
+
+
+async def first_outcome(
+    outcomes: Outcomes,
+    predicate: Callable[[Outcome], bool],
+    timeout: float = 5.0,  # noqa: ASYNC109
+) -> Outcome:
+    """The first outcome of the subscription that satisfies `predicate` (earlier ones are
+    passed over); TimeoutError if none comes within `timeout` seconds in all."""
+    async with asyncio.timeout(timeout):
+        while not predicate(outcome := await outcomes.next(timeout)):
+            pass
+        return outcome
+
+
+async def next_applied(outcomes: Outcomes, timeout: float = 5.0) -> Applied:  # noqa: ASYNC109
+    """The next `Applied` (rejections on the way are passed over)."""
+    return await _next_of(outcomes, Applied, timeout)
+
+
+async def next_rejected(outcomes: Outcomes, timeout: float = 5.0) -> Rejected:  # noqa: ASYNC109
+    """The next `Rejected` (applied configs on the way are passed over)."""
+    return await _next_of(outcomes, Rejected, timeout)
+
+
+_O = TypeVar("_O", Applied, Rejected)
+
+
+async def _next_of(outcomes: Outcomes, kind: type[_O], timeout: float) -> _O:  # noqa: ASYNC109
+    outcome = await first_outcome(outcomes, lambda o: isinstance(o, kind), timeout)
+    assert isinstance(outcome, kind)
+    return outcome
