@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 from daemon_harness import Running, running
-from support.observe import next_applied, next_rejected
+from support.observe import messages_received, next_applied, next_rejected
 
 from sharing_plugin.cli import main
 from sharing_plugin.daemon.node.outcome import Applied
@@ -275,7 +275,7 @@ async def test_impossible_layout_by_reload_is_rejected_and_touches_nothing(
     async with running(short_dir, start, gpus=A100) as run:
         assert calls(run) == created(3, "7g.80gb", 0)
         before = capacity(run)
-        messages = {r: run.kubelet.messages(r) for r in run.kubelet.resources()}
+        messages = {r: messages_received(run.kubelet, r) for r in run.kubelet.resources()}
 
         with run.daemon.pipeline.outcomes() as outcomes:
             run.write(IMPOSSIBLE)
@@ -290,7 +290,7 @@ async def test_impossible_layout_by_reload_is_rejected_and_touches_nothing(
         assert status["config"]["generation"] == 1
         assert mig_status(run) == {MIXED.gpus[3].uuid: ("applied", None)}
         assert capacity(run) == before
-        assert {r: run.kubelet.messages(r) for r in run.kubelet.resources()} == messages
+        assert {r: messages_received(run.kubelet, r) for r in run.kubelet.resources()} == messages
         assert 'sharing_plugin_reloads_total{result="failed"} 1.0' in (
             run.daemon.metrics.render().decode()
         )

@@ -8,7 +8,7 @@ from pathlib import Path
 import grpc
 from daemon_harness import Running, running
 from support.configs import sliced
-from support.observe import next_applied, next_rejected, open_streams, servers
+from support.observe import messages_received, next_applied, next_rejected, open_streams, servers
 
 from sharing_plugin.sim.kubelet.simulator import AdmissionError
 
@@ -62,7 +62,7 @@ async def test_sharing_turned_off_pushes_whole_gpus_on_the_same_stream(short_dir
 
 async def test_unchanged_resource_gets_no_message(short_dir: Path) -> None:
     async with running(short_dir, sliced(2)) as run:
-        messages = run.kubelet.messages(GPU)
+        messages = messages_received(run.kubelet, GPU)
         with run.daemon.pipeline.outcomes() as outcomes:
             run.write(sliced(2) + "# only a comment changed\n")
             await next_applied(outcomes)
@@ -72,7 +72,7 @@ async def test_unchanged_resource_gets_no_message(short_dir: Path) -> None:
         # in order), so exactly one more message means they sent none.
         run.write(sliced(3))
         await _wait_capacity(run, {GPU: 8 * 3})
-        assert run.kubelet.messages(GPU) == messages + 1
+        assert messages_received(run.kubelet, GPU) == messages + 1
 
 
 async def test_mig_strategy_change_moves_devices_between_resources(short_dir: Path) -> None:

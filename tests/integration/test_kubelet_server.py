@@ -10,7 +10,7 @@ from typing import Any
 
 import grpc
 import pytest
-from support.observe import open_streams
+from support.observe import numa_nodes, open_streams
 
 from sharing_plugin.config.model import Config
 from sharing_plugin.errors import KubeletError
@@ -85,7 +85,7 @@ async def test_every_resource_registers_and_kubelet_sees_its_devices(
         )
         for name, resource in expected.items():
             assert list(kubelet_sim.devices(name)) == list(resource.ids)
-            numa = kubelet_sim.numa_nodes(name)
+            numa = numa_nodes(kubelet_sim, name)
             assert all(
                 numa[d.id] == ((d.numa,) if d.numa is not None else ()) for d in resource.devices
             )

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Mapping
-from typing import TypeVar
+from typing import Literal, TypeVar
 
 from sharing_plugin.daemon.node.health_monitor import HealthMonitor
 from sharing_plugin.daemon.node.outcome import Applied, Outcome, Outcomes, Rejected
@@ -19,6 +19,10 @@ from sharing_plugin.daemon.run.supervisor import Supervisor
 from sharing_plugin.daemon.run_dra.pool import PoolKeeper
 from sharing_plugin.kubelet.server import ResourceServer
 from sharing_plugin.plan.model import Plan
+from sharing_plugin.sim.kubelet.simulator import KubeletSimulator
+from sharing_plugin.sim.nvml.mig import SimMigOps
+from sharing_plugin.sim.nvml.node import Fault
+from sharing_plugin.sim.nvml.simulated import SimulatedNvml
 from sharing_plugin.views.dra_api import PublishedDevice
 
 
@@ -104,3 +108,47 @@ async def _next_of(outcomes: Outcomes, kind: type[_O], timeout: float) -> _O:  #
     outcome = await first_outcome(outcomes, lambda o: isinstance(o, kind), timeout)
     assert isinstance(outcome, kind)
     return outcome
+
+
+# --- the simulators: what only tests do to them or read of them ------------------------------
+
+
+def inject_xid(nvml: SimulatedNvml, gpu: int | str, xid: int) -> None:
+    """One Xid event on `gpu` (index or UUID; a MIG UUID is attributed to its instance)."""
+    nvml.inject(Fault(gpu=gpu, xid=xid))
+
+
+def inject_ecc(
+    nvml: SimulatedNvml, gpu: int | str, kind: Literal["double", "single"] = "double"
+) -> None:
+    """One ECC error event on `gpu` (index or UUID; a MIG UUID names its GPU)."""
+    nvml.inject(Fault(gpu=gpu, ecc=kind))
+
+
+def set_lost(nvml: SimulatedNvml, gpu: int | str, lost: bool = True) -> None:
+    """`gpu` falls off the bus (or comes back with `lost=False`)."""
+    nvml.inject(Fault(gpu=gpu, lost=lost))
+
+
+def wait_until_shut_down(nvml: SimulatedNvml, timeout: float) -> bool:
+    """Wait until every nvmlInit has had its nvmlShutdown; False if `timeout` s passed first.
+    A closed event watch ends its session only when its current wait returns."""
+    with nvml._shut_down:
+        return nvml._shut_down.wait_for(lambda: nvml._init_count == 0, timeout)
+
+
+def reset_gpu(nvml: SimMigOps, index: int) -> None:
+    """What ``nvidia-smi -r`` does to the simulated GPU: a pending MIG mode becomes current."""
+    gpu = nvml.gpus[index]
+    gpu.mig_current = gpu.mig_pending
+
+
+def messages_received(kubelet: KubeletSimulator, resource: str) -> int:
+    """How many ListAndWatch messages the kubelet has received for `resource` so far."""
+    return kubelet._messages.get(resource, 0)
+
+
+def numa_nodes(kubelet: KubeletSimulator, resource: str) -> dict[str, tuple[int, ...]]:
+    """Device ID -> the NUMA nodes the plugin advertised it on, as the kubelet holds them."""
+    state = kubelet._resources.get(resource)
+    return dict(state.numa) if state else {}
