@@ -29,16 +29,19 @@ from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
 
-from figures import FigureLog, add_json_option, ms, p50_p99
-
-from sharing_plugin.backends import backend_from_spec
-from sharing_plugin.config.model import Config
-from sharing_plugin.kubelet.server import AllocateContext, ResourceServer
-from sharing_plugin.nvml import discover as nvml
-from sharing_plugin.plan import ResourcePlan, plan
-from sharing_plugin.sim.kubelet.simulator import KubeletSimulator
-
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests"))
+
+from figures import FigureLog, add_json_option, ms, p50_p99  # noqa: E402
+from support.observe import open_streams  # noqa: E402
+
+from sharing_plugin.backends import backend_from_spec  # noqa: E402
+from sharing_plugin.config.model import Config  # noqa: E402
+from sharing_plugin.kubelet.server import AllocateContext, ResourceServer  # noqa: E402
+from sharing_plugin.nvml import discover as nvml  # noqa: E402
+from sharing_plugin.plan import ResourcePlan, plan  # noqa: E402
+from sharing_plugin.sim.kubelet.simulator import KubeletSimulator  # noqa: E402
+
 CLIENTS = ROOT / "tests" / "integration" / "stream_clients.py"
 GPU = "nvidia.com/gpu"
 REPLICAS = 896  # 8 x 896 = 7,168 devices
@@ -129,7 +132,7 @@ async def main(rounds: int, figures: FigureLog) -> None:
             async with AsyncExitStack() as stack:
                 await stack.enter_async_context(clients(socket, readers=20, idle=20, frozen=False))
                 await stack.enter_async_context(clients(socket, readers=10, idle=0, frozen=True))
-                assert server.open_streams == 51
+                assert open_streams(server) == 51
                 crowded = await pushes(server, kubelet, plans, rounds)
                 report(figures, len(first.devices), alone, crowded)
                 started = time.perf_counter()

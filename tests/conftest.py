@@ -7,9 +7,11 @@ import gc
 import inspect
 import os
 import shutil
+import sys
 import tempfile
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Generator, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import realapi
@@ -21,6 +23,7 @@ def pytest_configure(config: pytest.Config) -> None:
     """The directory the test processes of this run share (made before pytest-xdist starts its
     workers, which inherit the variable), and in it what the shared real API server and real
     cluster need."""
+    sys.addaudithook(_audit)
     if SHARED_DIR_ENV not in os.environ:
         os.environ[SHARED_DIR_ENV] = tempfile.mkdtemp(prefix="sharing-plugin-tests-")
         config.stash[_made_shared_dir] = os.environ[SHARED_DIR_ENV]
@@ -45,6 +48,93 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 
 
 _made_shared_dir = pytest.StashKey[str]()
+
+
+# --- markers: what a test needs beyond this interpreter ---------------------------------------
+# Each process a test starts (in its setup, body or teardown) is seen through the interpreter's
+# audit hook, which every way of starting one raises (subprocess, asyncio, os.exec*, fork), and
+# must be declared by a marker: a test that starts kubectl is marked `kubectl`, one that starts
+# a binary of ../shared/tools `realtools`, any other `subprocess`. A marker declared and not
+# used is not checked: a render another test made first, a server another test started, are
+# still the marked test's needs.
+
+_SPAWNS = frozenset(
+    {
+        "subprocess.Popen",
+        "os.posix_spawn",
+        "os.exec",
+        "os.spawn",
+        "os.system",
+        "os.fork",
+        "os.forkpty",
+    }
+)
+_REAL_TOOLS = frozenset({"realapi", "realkubelet", "realdra", "realdra136", "realcluster"})
+_started: list[str] | None = None  # programs the running test started, while one runs
+
+
+def _audit(event: str, args: tuple[Any, ...]) -> None:
+    if _started is None or event not in _SPAWNS:
+        return
+    if event == "subprocess.Popen":
+        executable, argv = args[0], args[1]
+        argv = [argv] if isinstance(argv, (str, bytes)) else list(argv)
+        program = executable or argv[0]
+        if os.path.basename(os.fsdecode(program)) in ("sh", "bash"):  # `sh -c 'exec "$@"' TOOL`
+            _started.extend(os.path.basename(os.fsdecode(a)) for a in argv[1:])
+    elif event in ("os.posix_spawn", "os.exec"):
+        program = args[0]
+    elif event == "os.spawn":
+        program = args[1]
+    else:
+        program = event
+    _started.append(os.path.basename(os.fsdecode(program)))
+
+
+def _needs(program: str) -> str:
+    if program == "kubectl":
+        return "kubectl"
+    return "realtools" if program in _REAL_TOOLS else "subprocess"
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    unmarked = []
+    for item in items:  # kubectl and a real tool are child processes too
+        if item.get_closest_marker("subprocess") is None and (
+            item.get_closest_marker("kubectl") or item.get_closest_marker("realtools")
+        ):
+            item.add_marker("subprocess")
+        # The shared server is started by one test only: every user is declared, not just it.
+        uses = {"real_api", "real_api_alone"} & set(getattr(item, "fixturenames", ()))
+        if uses and item.get_closest_marker("realtools") is None:
+            unmarked.append(item.nodeid)
+    if unmarked:
+        raise pytest.UsageError(f"uses the real API server, not marked realtools: {unmarked}")
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    global _started
+    _started = []
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    report = yield
+    if call.when == "teardown":
+        global _started
+        started, _started = _started or [], None
+        needed = {_needs(p) for p in started}
+        missing = sorted(m for m in needed if item.get_closest_marker(m) is None)
+        if missing and report.passed:
+            report.outcome = "failed"
+            report.longrepr = (
+                f"{item.nodeid} started {sorted(set(started))} but is not marked "
+                f"{', '.join(missing)}: mark it (pytest.mark.<name>), see CONTRIBUTING.md"
+            )
+    return report
 
 
 @pytest.fixture(autouse=True)

@@ -29,13 +29,6 @@ GPU = "nvidia.com/gpu"
 STATE_LABEL = "nvidia.com/device-plugin.config.state"
 
 
-def sliced(replicas: int) -> str:
-    return (
-        "version: v1\nsharing:\n  timeSlicing:\n    resources:\n"
-        f"      - name: nvidia.com/gpu\n        replicas: {replicas}\n"
-    )
-
-
 @contextlib.asynccontextmanager
 async def admin(api: RealApi) -> AsyncIterator[AsyncClient]:
     """A client with the admin's token (system:masters)."""

@@ -50,10 +50,6 @@ class TaskOwner:
         elif eternal and not self._closing:
             log.error("task %s ended although it should run until shutdown", task.get_name())
 
-    @property
-    def tasks(self) -> frozenset[asyncio.Task[Any]]:
-        return frozenset(self._tasks)
-
     async def close(self, grace: float = 1.5) -> None:
         """Cancel every task and wait (bounded) for them to end."""
         self._closing = True

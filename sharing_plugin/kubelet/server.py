@@ -245,11 +245,6 @@ class ResourceServer:
     def context(self) -> AllocateContext:
         return self._snapshot.context
 
-    @property
-    def open_streams(self) -> int:
-        """ListAndWatch streams kubelet holds open on the current socket."""
-        return self._listener.servicer.open_streams if self._listener is not None else 0
-
     # -- lifecycle -----------------------------------------------------------------------------
 
     async def start(self) -> None:

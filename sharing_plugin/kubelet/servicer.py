@@ -187,10 +187,6 @@ class DevicePluginServicer:
         self._noted = False  # whether an Allocate note was logged
         self._closing_at = 0.0  # loop time of the final broadcast
 
-    @property
-    def open_streams(self) -> int:
-        return len(self._streams)
-
     def broadcast(self, payload: bytes | None, *, final: bool = False) -> None:
         """Queue `payload` on every open stream (replacing one not yet sent); `final` ends them
         after it, and a stream opened later after its first list."""

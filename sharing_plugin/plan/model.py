@@ -162,10 +162,6 @@ class Plan:
     def resource(self, name: str) -> ResourcePlan | None:
         return self._by_name.get(name)
 
-    @property
-    def names(self) -> tuple[str, ...]:
-        return tuple(r.name for r in self.resources)
-
     def with_health(self, health: Mapping[str, bool]) -> Plan:
         """The same plan with health applied: a `False` entry for a GPU UUID marks that GPU and
         every MIG device and replica on it unhealthy; for a MIG UUID, that MIG device only.

@@ -7,7 +7,7 @@ a profile of the model carries media extensions, one for the GPU's single set of
 A placement consumes the memory slices its instance would occupy, its compute slices and, for a
 `+me` profile, the media extensions. The allocator never lets what the devices it allocated
 consume pass a counter, so the placements it allocates together are ones the GPU can hold
-together: that is the MIG solver's rule set, exactly (tests/unit/test_dra_mig_counters.py
+together: that is the MIG solver's rule set, exactly (tests/unit/test_views_dra_mig_counters.py
 checks it for every catalogued model). The instance itself is created when a claim allocated
 the device is prepared, and destroyed when it is unprepared.
 

@@ -11,6 +11,7 @@ import sys
 from importlib.metadata import version
 from pathlib import Path
 
+import pytest
 from cli_capture import cli
 from plugin_process import PluginProcess, child_env
 
@@ -20,6 +21,7 @@ GPU = "nvidia.com/gpu"
 START_S = 10.0
 
 
+@pytest.mark.subprocess
 def test_version_flag() -> None:
     done = subprocess.run(
         [sys.executable, "-m", "sharing_plugin", "--version"],
@@ -33,6 +35,7 @@ def test_version_flag() -> None:
     assert done.stdout == f"sharing-plugin {version('gpu-sharing-plugin')}\n"
 
 
+@pytest.mark.subprocess
 async def test_log_level_from_env_and_flag(kubelet: KubeletSimulator, short_dir: Path) -> None:
     base = ["--gpus", "simulated:t4x4", "--kubelet-dir", str(short_dir)]
     env = {"METRICS_ADDRESS": "off", "LOG_LEVEL": "warning"}

@@ -160,6 +160,7 @@ def test_replicas_over_the_listandwatch_limit_are_rejected(tmp_path: Path, node:
     assert "60,002 devices" in line and "60,000" in line
 
 
+@pytest.mark.subprocess
 def test_validate_dash_reads_a_stream_on_stdin(tmp_path: Path) -> None:
     # Second batch: `validate -` reads stdin; every ConfigMap of a stream is validated, other
     # kinds are skipped, lines count in the whole stream. A child process: the real stdin, and
@@ -379,6 +380,7 @@ async def _run_once(
     return ids, sockets, document, plugin
 
 
+@pytest.mark.subprocess
 async def test_run_env_vars_status_sockets_ids_and_allocate(
     kubelet: KubeletSimulator, short_dir: Path
 ) -> None:

@@ -18,6 +18,8 @@ from sharing_plugin.kubelet.api.deviceplugin.v1beta1 import api_pb2 as dp
 from sharing_plugin.kubelet.api.deviceplugin.v1beta1 import api_pb2_grpc as dp_grpc
 from sharing_plugin.sim.kubelet.simulator import KubeletSimulator
 
+pytestmark = pytest.mark.subprocess
+
 GPU = "nvidia.com/gpu"
 MIB = 1024 * 1024
 REQUESTS = 30  # with the old abort() refusal, 20 already peaked at 187 MiB and 50 at 275 MiB

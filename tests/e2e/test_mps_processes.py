@@ -15,6 +15,8 @@ from support.mps import alive, pid_of, write_wrapper
 
 from sharing_plugin.sim.kubelet.simulator import KubeletSimulator
 
+pytestmark = pytest.mark.subprocess
+
 RESOURCE = "nvidia.com/gpu"
 
 

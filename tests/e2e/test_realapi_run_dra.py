@@ -35,8 +35,8 @@ from realapi_support import (
     identity,
     observed,
     rules,
-    sliced,
 )
+from support.configs import sliced
 from support.dra.kubelet import DraKubeletSimulator
 
 from sharing_plugin.dra.api.dra.v1 import api_pb2 as dra
@@ -46,6 +46,8 @@ from sharing_plugin.dra.resources import resource_class
 pytestmark = [
     pytest.mark.skipif(not realapi.AVAILABLE, reason=realapi.SKIP_REASON),
     pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl is not installed"),
+    pytest.mark.kubectl,
+    pytest.mark.realtools,
 ]
 
 DEPLOY_DRA = Path(__file__).resolve().parents[2] / "deploy" / "dra"

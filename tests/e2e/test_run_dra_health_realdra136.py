@@ -39,9 +39,12 @@ NODE_FILE: dict[str, Any] = {
     "faults": [],
 }
 
-pytestmark = pytest.mark.skipif(
-    not realdra.available("realdra136"), reason=realdra.skip_reason("realdra136")
-)
+pytestmark = [
+    pytest.mark.skipif(
+        not realdra.available("realdra136"), reason=realdra.skip_reason("realdra136")
+    ),
+    pytest.mark.realtools,
+]
 
 
 @pytest.fixture

@@ -36,9 +36,12 @@ CONFIG = "version: v1\npartitioning:\n  mig:\n    - devices: all\n      dynamic:
 THREE_AT_0 = f'device.attributes["{DRIVER}"].migStart == 0'
 PLACEMENTS = 7 + 7 + 4 + 3 + 2 + 1 + 1  # every start of every A100 profile
 
-pytestmark = pytest.mark.skipif(
-    not realdra.available("realdra136"), reason=realdra.skip_reason("realdra136")
-)
+pytestmark = [
+    pytest.mark.skipif(
+        not realdra.available("realdra136"), reason=realdra.skip_reason("realdra136")
+    ),
+    pytest.mark.realtools,
+]
 
 
 def node_file(root: Path, *instances: str) -> Path:

@@ -30,9 +30,10 @@ from sharing_plugin.views.dra_api import V1BETA1
 DRIVER = realdra.DRIVER
 NODE = "node-1"
 
-pytestmark = pytest.mark.skipif(
-    not realdra.available("realdra"), reason=realdra.skip_reason("realdra")
-)
+pytestmark = [
+    pytest.mark.skipif(not realdra.available("realdra"), reason=realdra.skip_reason("realdra")),
+    pytest.mark.realtools,
+]
 
 SHARED_CONFIG = """\
 version: v1

@@ -33,9 +33,12 @@ NODE = "node-1"
 GPUS = "simulated:t4x4"  # 4 x Tesla T4, 15360 MiB each
 SHARED_CLASS = "gpu.shared.gpu.sharing-plugin.io"
 
-pytestmark = pytest.mark.skipif(
-    not realdra.available("realdra136"), reason=realdra.skip_reason("realdra136")
-)
+pytestmark = [
+    pytest.mark.skipif(
+        not realdra.available("realdra136"), reason=realdra.skip_reason("realdra136")
+    ),
+    pytest.mark.realtools,
+]
 
 
 def sliced(kind: str, replicas: int) -> str:

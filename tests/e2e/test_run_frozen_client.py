@@ -14,9 +14,12 @@ import signal
 import sys
 from pathlib import Path
 
+import pytest
 from plugin_process import PluginProcess
 
 from sharing_plugin.sim.kubelet.simulator import KubeletSimulator
+
+pytestmark = pytest.mark.subprocess
 
 GPU = "nvidia.com/gpu"
 CLIENTS = Path(__file__).parent.parent / "integration" / "stream_clients.py"

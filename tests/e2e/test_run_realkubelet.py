@@ -39,9 +39,13 @@ REALKUBELET = ROOT.parent / "shared" / "tools" / "realkubelet.gz"
 GPU = "nvidia.com/gpu"
 PRESET = "simulated:dgx-a100-80gb"
 
-pytestmark = pytest.mark.skipif(
-    not REALKUBELET.is_file(), reason="../shared/tools/realkubelet.gz is absent (only CI has it)"
-)
+pytestmark = [
+    pytest.mark.skipif(
+        not REALKUBELET.is_file(),
+        reason="../shared/tools/realkubelet.gz is absent (only CI has it)",
+    ),
+    pytest.mark.realtools,
+]
 
 
 class RealKubelet:

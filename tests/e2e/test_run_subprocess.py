@@ -40,6 +40,7 @@ def own_sockets(kubelet: KubeletSimulator) -> list[str]:
     return sorted(p.name for p in kubelet.plugin_dir.glob("sharing-*.sock"))
 
 
+@pytest.mark.subprocess
 async def test_run_registers_serves_reloads_and_stops(
     kubelet: KubeletSimulator, short_dir: Path
 ) -> None:

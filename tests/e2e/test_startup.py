@@ -36,6 +36,7 @@ def test_fail_on_init_error_stops_the_plugin_with_the_reason(short_dir: Path) ->
     assert "Traceback" not in text
 
 
+@pytest.mark.subprocess
 async def test_without_fail_on_init_error_it_serves_no_gpus(
     short_dir: Path, kubelet: KubeletSimulator
 ) -> None:

@@ -13,6 +13,7 @@ import lightkube
 from kube_api import FakeKubeApi, Permissions
 from support.dra.allocator import allocate, allocated_devices
 from support.dra.kubelet import DraKubeletSimulator, PreparedAnswer
+from support.observe import wait_published
 
 from sharing_plugin.backends import backend_from_spec
 from sharing_plugin.daemon.node.options import SourceOptions
@@ -36,7 +37,7 @@ class DraRun:
 
     @property
     def keeper(self) -> PoolKeeper:
-        """The daemon's pool keeper (its `wait_published` is how tests wait for a publish)."""
+        """The daemon's pool keeper (`support.observe.wait_published` waits for its publishes)."""
         assert self.daemon.keeper is not None
         return self.daemon.keeper
 
@@ -61,7 +62,7 @@ class DraRun:
 
     async def published(self, count: int, timeout: float = 5.0) -> tuple[PublishedDevice, ...]:  # noqa: ASYNC109
         """Once the pool holds `count` devices."""
-        return await self.keeper.wait_published(lambda d: len(d) == count, timeout)
+        return await wait_published(self.keeper, lambda d: len(d) == count, timeout)
 
     def add_class(self, resource: str) -> str:
         document = device_class(resource, DRIVER, api_version=f"resource.k8s.io/{self.version}")
@@ -186,7 +187,7 @@ async def dra_running(
                     run = DraRun(server, kubelet, daemon, config, root, nvml)
                     if wait_registered:
                         await kubelet.wait_plugin(DRIVER)
-                        await run.keeper.wait_published(lambda d: True)
+                        await wait_published(run.keeper, lambda d: True)
                     yield run
                 if DRIVER in kubelet.plugins:  # the kubelet notices the plugin going away
                     await kubelet.wait_gone(DRIVER)

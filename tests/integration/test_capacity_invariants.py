@@ -39,6 +39,7 @@ from daemon_harness import append_fault, eventually, node_file, run_options
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+from support.observe import health_monitor, resource_names, unconfirmed_grants
 
 from sharing_plugin.backends import backend_from_spec
 from sharing_plugin.daemon.run.app import Daemon
@@ -225,7 +226,7 @@ class CapacityMachine(RuleBasedStateMachine):
             for uuid in self.uuids
             for n in range(replicas)
         }
-        granted = d.supervisor.unconfirmed_grants()
+        granted = unconfirmed_grants(d.supervisor)
         status = d.status.to_json()
         metrics = d.metrics.render().decode()
         for r in advertised.resources:
@@ -297,7 +298,7 @@ class CapacityMachine(RuleBasedStateMachine):
     @rule(gpu=st.integers(0, GPUS - 1))
     def xid(self, gpu: int) -> None:
         async def step() -> None:
-            monitor = self.d.pipeline.health_monitor
+            monitor = health_monitor(self.d.pipeline)
             assert monitor is not None
             await asyncio.wait_for(monitor.watching.wait(), 2.0)
             if self.d.pipeline.health.get(self.uuids[gpu], True):
@@ -400,7 +401,7 @@ class CapacityMachine(RuleBasedStateMachine):
             return (
                 not self.violations()
                 and advertised is not None
-                and advertised.names == (self.resource(),)
+                and resource_names(advertised) == (self.resource(),)
                 and len(advertised.resources[0].devices) == GPUS * self.good[0]
             )
 

@@ -16,6 +16,8 @@ from pathlib import Path
 import pytest
 from daemon_harness import Running, eventually, run_options, running
 from prometheus_client.parser import text_string_to_metric_families
+from support.configs import sliced
+from support.observe import messages_received
 
 from sharing_plugin.backends import backend_from_spec
 from sharing_plugin.daemon.run.app import Daemon
@@ -23,17 +25,6 @@ from sharing_plugin.sim.kubelet.simulator import AdmissionError, KubeletSimulato
 
 GPU = "nvidia.com/gpu"
 PR_ERRORS = "sharing_plugin_podresources_errors"
-
-
-def sliced(replicas: int) -> str:
-    return f"""\
-version: v1
-sharing:
-  timeSlicing:
-    resources:
-      - name: nvidia.com/gpu
-        replicas: {replicas}
-"""
 
 
 def unhealthy(kubelet: KubeletSimulator, resource: str = GPU) -> set[str]:
@@ -134,7 +125,7 @@ async def test_draining_devices_stay_while_pod_resources_cannot_answer(
         before = unanswered(run)
         run.kubelet.pod_resources_socket.unlink()  # kubelet cannot answer for now
         await eventually(lambda: unanswered(run) > before, within=3)
-        messages = run.kubelet.messages(GPU)
+        messages = messages_received(run.kubelet, GPU)
         # Several drain rechecks (every 0.05 s here) ask and get no answer; a plugin that lost
         # the draining devices would stop rechecking, so their going ends the wait too.
         await eventually(
@@ -142,7 +133,7 @@ async def test_draining_devices_stay_while_pod_resources_cannot_answer(
         )
         assert unhealthy(run.kubelet) == dropped
         assert holds_are_advertised(run.kubelet)
-        assert run.kubelet.messages(GPU) == messages  # nothing pushed meanwhile
+        assert messages_received(run.kubelet, GPU) == messages  # nothing pushed meanwhile
         await run.kubelet.restart()  # PodResources answers again; the pod is still there
         await run.settled()
         assert unhealthy(run.kubelet) == dropped

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 from daemon_harness import eventually, node_file, run_options, running
+from support.observe import health_monitor, next_applied, resource_names, servers
 
 from sharing_plugin.backends import backend_from_spec
 from sharing_plugin.daemon.run.app import Daemon
@@ -45,7 +46,7 @@ async def test_example_configs_are_registered_and_advertised(
         config = load_configs(run.config)[None].config
         expected = plan(config, discover(backend_from_spec(f"simulated:{preset}")))
         assert run.capacity() == {r.name: len(r.devices) for r in expected.resources}
-        assert {r.resource for r in run.kubelet.registrations} == set(expected.names)
+        assert {r.resource for r in run.kubelet.registrations} == set(resource_names(expected))
         assert run.daemon.status.ready
 
 
@@ -62,10 +63,10 @@ async def test_kubelet_restart_reregisters_every_resource_on_a_new_socket(
     short_dir: Path,
 ) -> None:
     async with running(short_dir, TIME_SLICING) as run:
-        before = {s.name: s.socket_path for s in run.daemon.supervisor.servers.values()}
+        before = {s.name: s.socket_path for s in servers(run.daemon.supervisor).values()}
         await run.kubelet.restart()
         await run.settled()
-        after = {s.name: s.socket_path for s in run.daemon.supervisor.servers.values()}
+        after = {s.name: s.socket_path for s in servers(run.daemon.supervisor).values()}
         assert before.keys() == after.keys()
         assert all(before[n] != after[n] and after[n] is not None for n in before)
         assert all(p is not None and p.exists() for p in after.values())
@@ -137,9 +138,9 @@ async def test_gpus_that_appear_later_are_served_without_failon_init_error(
         assert daemon.supervisor.advertised.resources == ()
         with daemon.pipeline.outcomes() as outcomes:
             node.write_text(node.read_text().replace("driverLoaded: false", "driverLoaded: true"))
-            found = await outcomes.applied()
+            found = await next_applied(outcomes)
         assert found.trigger is Trigger.GPUS_FOUND and len(found.inventory.gpus) == 4
         await kubelet.wait_for(lambda: kubelet.allocatable("nvidia.com/gpu") == 8, timeout=5)
         status = daemon.status.to_json()
         assert status["config"]["generation"] == 1 and status["lastError"] is None
-        await eventually(lambda: daemon.pipeline.health_monitor is not None)  # GPUs to watch now
+        await eventually(lambda: health_monitor(daemon.pipeline) is not None)  # GPUs to watch now

@@ -9,19 +9,14 @@ from pathlib import Path
 from daemon_harness import Running, running
 from k8s_fake import ConfigMapVolume
 from kube_api import FakeKubeApi
+from support.configs import sliced
+from support.observe import next_rejected
 
 from sharing_plugin.sources.kube import client_from_kubeconfig
 
 GPU = "nvidia.com/gpu"
 LABEL = "nvidia.com/device-plugin.config"
 NODE = "gpu-node-1"
-
-
-def sliced(replicas: int) -> str:
-    return (
-        "version: v1\nsharing:\n  timeSlicing:\n    resources:\n"
-        f"      - name: nvidia.com/gpu\n        replicas: {replicas}\n"
-    )
 
 
 def two_configs(root: Path) -> ConfigMapVolume:
@@ -70,7 +65,7 @@ async def test_label_naming_an_unknown_config_keeps_the_previous_one(short_dir: 
         await api.wait_watches(1)
         with run.daemon.pipeline.outcomes() as outcomes:
             api.set_node_label(NODE, LABEL, "huge")
-            await outcomes.rejected()
+            await next_rejected(outcomes)
         error = run.daemon.status.last_error
         assert error is not None and "huge" in error and "big" in error
         assert run.capacity() == {GPU: 64}
@@ -80,7 +75,7 @@ async def test_removing_the_selected_key_keeps_the_previous_config(short_dir: Pa
     async with labelled_big(short_dir) as (volume, _, run):
         with run.daemon.pipeline.outcomes() as outcomes:
             volume.update({"default": sliced(2)})
-            await outcomes.rejected()
+            await next_rejected(outcomes)
         error = run.daemon.status.last_error
         assert error is not None and "big" in error and "default" in error
         assert run.capacity() == {GPU: 64}

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from daemon_harness import Running, append_fault, node_file, running
+from support.observe import health_monitor, inject_ecc, inject_xid
 
 GPU = "nvidia.com/gpu"
 NODE: dict[str, Any] = {
@@ -45,7 +46,7 @@ def backed_by(run: Running, index: int) -> set[str]:
 
 
 async def watching(run: Running) -> None:
-    monitor = run.daemon.pipeline.health_monitor
+    monitor = health_monitor(run.daemon.pipeline)
     assert monitor is not None
     await asyncio.wait_for(monitor.watching.wait(), 2)
 
@@ -58,7 +59,7 @@ async def test_a_double_bit_ecc_error_drops_exactly_that_gpus_devices(short_dir:
         await watching(run)
         expected = backed_by(run, 2)
         assert len(expected) == 2
-        run.nvml.inject_ecc(2, "double")
+        inject_ecc(run.nvml, 2, "double")
         await run.kubelet.wait_for(lambda: unhealthy(run) == expected, timeout=1.0)
         assert run.allocatable() == {GPU: 6}
         assert not run.daemon.pipeline.health[run.nvml.gpus[2].uuid]
@@ -73,8 +74,8 @@ async def test_a_single_bit_ecc_error_changes_nothing(short_dir: Path) -> None:
     node = node_file(short_dir, NODE)
     async with running(short_dir, SHARED, gpus=f"simulated:{node}") as run:
         await watching(run)
-        run.nvml.inject_ecc(1, "single")
-        run.nvml.inject_xid(3, 79)  # handled after the single-bit error
+        inject_ecc(run.nvml, 1, "single")
+        inject_xid(run.nvml, 3, 79)  # handled after the single-bit error
         expected = backed_by(run, 3)
         await run.kubelet.wait_for(lambda: unhealthy(run) == expected, timeout=1.0)
         assert run.daemon.pipeline.health[run.nvml.gpus[1].uuid]
@@ -92,8 +93,8 @@ async def test_event_types_without_double_bit_ecc_leave_it_unwatched(short_dir: 
     config = SHARED + "health:\n  eventTypes: [EventTypeXidCriticalError]\n"
     async with running(short_dir, config, gpus=f"simulated:{node}") as run:
         await watching(run)
-        run.nvml.inject_ecc(2, "double")  # not registered: NVML does not queue it
-        run.nvml.inject_xid(3, 79)
+        inject_ecc(run.nvml, 2, "double")  # not registered: NVML does not queue it
+        inject_xid(run.nvml, 3, 79)
         expected = backed_by(run, 3)
         await run.kubelet.wait_for(lambda: unhealthy(run) == expected, timeout=1.0)
         assert run.allocatable() == {GPU: 6}
@@ -105,8 +106,8 @@ async def test_event_types_without_xids_leave_xids_unwatched(short_dir: Path) ->
     config = SHARED + "health:\n  eventTypes: [EventTypeDoubleBitEccError]\n"
     async with running(short_dir, config, gpus=f"simulated:{node}") as run:
         await watching(run)
-        run.nvml.inject_xid(2, 79)  # not registered
-        run.nvml.inject_ecc(3, "double")
+        inject_xid(run.nvml, 2, 79)  # not registered
+        inject_ecc(run.nvml, 3, "double")
         expected = backed_by(run, 3)
         await run.kubelet.wait_for(lambda: unhealthy(run) == expected, timeout=1.0)
         assert run.daemon.pipeline.health[run.nvml.gpus[2].uuid]

@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 from daemon_harness import Running, append_fault, node_file, running
+from support.observe import health_monitor, inject_xid, next_applied, set_lost
 
 from sharing_plugin.daemon.node.health_monitor import HealthEnv
 from sharing_plugin.sim.kubelet.admission import AdmissionError
@@ -113,7 +114,7 @@ def gpu_uuid(run: Running, index: int) -> str:
 async def health_watch(run: Running) -> None:
     """Wait until the daemon's Xid watch is registered: an Xid from before has no event set
     to land in and is lost, as with NVML (the simulator drops it the same way)."""
-    monitor = run.daemon.pipeline.health_monitor
+    monitor = health_monitor(run.daemon.pipeline)
     assert monitor is not None
     await asyncio.wait_for(monitor.watching.wait(), 2.0)
 
@@ -180,9 +181,9 @@ async def test_an_ignored_xid_changes_nothing(short_dir: Path) -> None:
     node = node_file(short_dir, WHOLE_NODE)
     async with running(short_dir, SHARED_ALL, gpus=f"simulated:{node}") as run:
         await health_watch(run)
-        run.nvml.inject_xid(2, 13)
+        inject_xid(run.nvml, 2, 13)
         # Events are handled in order: once GPU 3's Xid shows, GPU 2's Xid 13 was handled.
-        run.nvml.inject_xid(3, 79)
+        inject_xid(run.nvml, 3, 79)
         expected = backed_by(run, gpu_uuid(run, 3))
         await run.kubelet.wait_for(lambda: unhealthy(run) == expected, timeout=1.0)
         assert run.daemon.pipeline.health[gpu_uuid(run, 2)]
@@ -213,7 +214,7 @@ async def test_a_lost_gpu_is_unhealthy_until_it_answers_again(short_dir: Path) -
 async def test_a_gpu_lost_through_the_simulator_is_unhealthy(short_dir: Path) -> None:
     async with running(short_dir, SHARED_ALL, gpus="simulated:t4x4") as run:
         await health_watch(run)
-        run.nvml.set_lost(1)
+        set_lost(run.nvml, 1)
         expected = backed_by(run, gpu_uuid(run, 1))
         await run.kubelet.wait_for(lambda: unhealthy(run) == expected, timeout=1.0)
         assert not run.daemon.pipeline.health[gpu_uuid(run, 1)]
@@ -262,7 +263,7 @@ async def test_health_disabled_in_the_config_ignores_xids_until_enabled(short_di
         append_fault(node, {"gpu": 2, "xid": 79})
         with run.daemon.pipeline.outcomes() as outcomes:
             run.write(SHARED_ALL)
-            await outcomes.applied()
+            await next_applied(outcomes)
         await health_watch(run)
         # With checks off nothing watched GPU 2's Xid; the one after enabling is seen alone.
         append_fault(node, {"gpu": 3, "xid": 79})
@@ -278,10 +279,10 @@ async def test_dp_disable_healthchecks_all_ignores_xids(short_dir: Path) -> None
     env = HealthEnv.from_environ({"DP_DISABLE_HEALTHCHECKS": "all"})
     node = node_file(short_dir, WHOLE_NODE)
     async with running(short_dir, SHARED_ALL, gpus=f"simulated:{node}", health_env=env) as run:
-        monitor = run.daemon.pipeline.health_monitor
+        monitor = health_monitor(run.daemon.pipeline)
         assert monitor is not None and not monitor.settings.enabled
-        run.nvml.inject_xid(2, 79)
-        run.nvml.set_lost(3)
+        inject_xid(run.nvml, 2, 79)
+        set_lost(run.nvml, 3)
         append_fault(node, {"gpu": 1, "xid": 79})
         # A reload pushes the plan again: it still holds every device Healthy.
         run.write(SHARED_ALL.replace("replicas: 2", "replicas: 3"))
@@ -294,8 +295,8 @@ async def test_dp_disable_healthchecks_list_adds_ignored_xids(short_dir: Path) -
     env = HealthEnv.from_environ({"DP_DISABLE_HEALTHCHECKS": "79"})
     async with running(short_dir, SHARED_ALL, gpus="simulated:t4x4", health_env=env) as run:
         await health_watch(run)
-        run.nvml.inject_xid(2, 79)
-        run.nvml.inject_xid(3, 48)
+        inject_xid(run.nvml, 2, 79)
+        inject_xid(run.nvml, 3, 48)
         expected = backed_by(run, gpu_uuid(run, 3))
         await run.kubelet.wait_for(lambda: unhealthy(run) == expected, timeout=1.0)
         assert run.allocatable() == {GPU: 6}

@@ -10,6 +10,8 @@ from typing import Any
 from daemon_harness import Running, eventually, running
 from k8s_fake import ConfigMapVolume
 from kube_api import FakeKubeApi
+from support.configs import sliced
+from support.observe import next_rejected
 
 from sharing_plugin.observability.nodestatus import CONFIG_ANNOTATION, STATE_LABEL
 from sharing_plugin.sources.kube import client_from_kubeconfig
@@ -18,13 +20,6 @@ GPU = "nvidia.com/gpu"
 NODE = "gpu-node-1"
 LABEL = "nvidia.com/device-plugin.config"
 NS, CM = "kube-system", "gpu-config"
-
-
-def sliced(replicas: int) -> str:
-    return (
-        "version: v1\nsharing:\n  timeSlicing:\n    resources:\n"
-        f"      - name: nvidia.com/gpu\n        replicas: {replicas}\n"
-    )
 
 
 @contextlib.asynccontextmanager
@@ -72,7 +67,7 @@ async def test_edit_broken_edit_and_fix_through_the_api(short_dir: Path) -> None
 
         with run.daemon.pipeline.outcomes() as outcomes:
             api.put_configmap(NS, CM, {"default": sliced(0)})
-            await outcomes.rejected()
+            await next_rejected(outcomes)
         error = run.daemon.status.last_error
         assert error is not None and error.startswith(f"{NS}/{CM}[default]:6:19: ")
         assert run.capacity() == {GPU: 24}  # the last good config keeps serving
@@ -142,6 +137,6 @@ async def test_a_state_written_just_before_sigterm_still_reaches_the_node(short_
         api.patch_delay_s = 0.3  # an API server slow to answer, as under load
         with run.daemon.pipeline.outcomes() as outcomes:
             api.put_configmap(NS, CM, {"default": sliced(0)})
-            await outcomes.rejected()
+            await next_rejected(outcomes)
         run.daemon.request_stop()  # what SIGTERM does; the harness then closes the daemon
     assert node_state(api)[0] == "failed"

@@ -6,6 +6,7 @@ from pathlib import Path
 
 from daemon_harness import eventually, running
 from kube_api import FakeKubeApi
+from support.configs import sliced
 
 from sharing_plugin.sources.kube import client_from_kubeconfig
 
@@ -13,13 +14,6 @@ GPU = "nvidia.com/gpu"
 NODE = "gpu-node-1"
 PRODUCT = "nvidia.com/gpu.product"
 REPLICAS = "nvidia.com/gpu.replicas"
-
-
-def sliced(replicas: int) -> str:
-    return (
-        "version: v1\nsharing:\n  timeSlicing:\n    resources:\n"
-        f"      - name: nvidia.com/gpu\n        replicas: {replicas}\n"
-    )
 
 
 def read_labels(path: Path) -> dict[str, str]:

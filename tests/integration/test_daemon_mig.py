@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 from daemon_harness import Running, running
+from support.observe import messages_received, next_applied, next_rejected
 
 from sharing_plugin.cli import main
 from sharing_plugin.daemon.node.outcome import Applied
@@ -274,11 +275,11 @@ async def test_impossible_layout_by_reload_is_rejected_and_touches_nothing(
     async with running(short_dir, start, gpus=A100) as run:
         assert calls(run) == created(3, "7g.80gb", 0)
         before = capacity(run)
-        messages = {r: run.kubelet.messages(r) for r in run.kubelet.resources()}
+        messages = {r: messages_received(run.kubelet, r) for r in run.kubelet.resources()}
 
         with run.daemon.pipeline.outcomes() as outcomes:
             run.write(IMPOSSIBLE)
-            await outcomes.rejected()
+            await next_rejected(outcomes)
         status = run.daemon.status.to_json()
         assert status["lastError"] == (
             f"{run.config}:9:7: partitioning.mig[1].profiles: GPU 4 ({MIXED.gpus[4].uuid}): "
@@ -289,7 +290,7 @@ async def test_impossible_layout_by_reload_is_rejected_and_touches_nothing(
         assert status["config"]["generation"] == 1
         assert mig_status(run) == {MIXED.gpus[3].uuid: ("applied", None)}
         assert capacity(run) == before
-        assert {r: run.kubelet.messages(r) for r in run.kubelet.resources()} == messages
+        assert {r: messages_received(run.kubelet, r) for r in run.kubelet.resources()} == messages
         assert 'sharing_plugin_reloads_total{result="failed"} 1.0' in (
             run.daemon.metrics.render().decode()
         )
@@ -354,7 +355,7 @@ async def test_without_partitioning_mig_is_never_touched(short_dir: Path, gpus: 
                 mixed + "sharing:\n  timeSlicing:\n    resources:\n"
                 "      - name: nvidia.com/gpu\n        replicas: 2\n"
             )
-            await outcomes.applied()
+            await next_applied(outcomes)
         await run.settled()
         assert capacity(run) != before  # the reload was applied
         assert run.nvml.mig_calls == []
@@ -496,7 +497,7 @@ async def test_run_refuses_a_dynamic_entry_naming_run_dra_and_touches_nothing(
         before = capacity(run)
         with run.daemon.pipeline.outcomes() as outcomes:
             run.write(DYNAMIC)
-            rejected = await outcomes.rejected()
+            rejected = await next_rejected(outcomes)
         assert [str(p) for p in rejected.problems] == [
             f"{run.config}:9:7: partitioning.mig[1].dynamic: dynamic MIG is served by "
             "sharing-plugin run-dra only (instances created per claim); the device plugin "

@@ -7,23 +7,13 @@ from pathlib import Path
 
 import grpc
 from daemon_harness import Running, running
+from support.configs import sliced
+from support.observe import messages_received, next_applied, next_rejected, open_streams, servers
 
 from sharing_plugin.sim.kubelet.simulator import AdmissionError
 
 GPU = "nvidia.com/gpu"
 SHARED = "nvidia.com/gpu.shared"
-
-
-def sliced(replicas: int, *, rename: bool = False, extra: str = "") -> str:
-    return f"""\
-version: v1
-{extra}sharing:
-  timeSlicing:
-    renameByDefault: {"true" if rename else "false"}
-    resources:
-      - name: nvidia.com/gpu
-        replicas: {replicas}
-"""
 
 
 def _registrations(run: Running, resource: str) -> int:
@@ -72,17 +62,17 @@ async def test_sharing_turned_off_pushes_whole_gpus_on_the_same_stream(short_dir
 
 async def test_unchanged_resource_gets_no_message(short_dir: Path) -> None:
     async with running(short_dir, sliced(2)) as run:
-        messages = run.kubelet.messages(GPU)
+        messages = messages_received(run.kubelet, GPU)
         with run.daemon.pipeline.outcomes() as outcomes:
             run.write(sliced(2) + "# only a comment changed\n")
-            await outcomes.applied()
+            await next_applied(outcomes)
             run.daemon.request_reload()
-            await outcomes.applied()
+            await next_applied(outcomes)
         # A real change now: its list arrives after anything the reloads above sent (one stream,
         # in order), so exactly one more message means they sent none.
         run.write(sliced(3))
         await _wait_capacity(run, {GPU: 8 * 3})
-        assert run.kubelet.messages(GPU) == messages + 1
+        assert messages_received(run.kubelet, GPU) == messages + 1
 
 
 async def test_mig_strategy_change_moves_devices_between_resources(short_dir: Path) -> None:
@@ -121,8 +111,8 @@ async def test_held_replicas_drain_then_vanish_when_released(short_dir: Path) ->
 async def test_broken_edit_keeps_the_last_good_config_until_fixed(short_dir: Path) -> None:
     async with running(short_dir, sliced(2)) as run:
         with run.daemon.pipeline.outcomes() as outcomes:
-            run.write(sliced(4).replace("replicas: 4", "replicas: 0"))
-            await outcomes.rejected()
+            run.write(sliced(4, rename=False).replace("replicas: 4", "replicas: 0"))
+            await next_rejected(outcomes)
         error = run.daemon.status.last_error
         assert error is not None and "config.yaml:7:19" in error and "replicas" in error
         assert run.capacity() == {GPU: 16}
@@ -140,14 +130,14 @@ async def test_burst_of_twenty_edits_ends_in_the_last_one(short_dir: Path) -> No
             await asyncio.sleep(0.002)
         await _wait_capacity(run, {GPU: 8 * 22})
         assert _registrations(run, GPU) == 1
-        assert run.daemon.supervisor.servers[GPU].open_streams == 1
+        assert open_streams(servers(run.daemon.supervisor)[GPU]) == 1
 
 
 async def test_deleted_file_keeps_serving_and_reports(short_dir: Path) -> None:
     async with running(short_dir, sliced(2)) as run:
         with run.daemon.pipeline.outcomes() as outcomes:
             run.config.unlink()
-            await outcomes.rejected()
+            await next_rejected(outcomes)
         error = run.daemon.status.last_error
         assert error is not None and "config.yaml" in error
         assert run.capacity() == {GPU: 16}
@@ -157,7 +147,7 @@ async def test_deleted_file_keeps_serving_and_reports(short_dir: Path) -> None:
 
 async def test_allocate_during_a_reload_storm_sees_one_consistent_plan(short_dir: Path) -> None:
     async with running(short_dir, sliced(2)) as run:
-        server = run.daemon.supervisor.servers[GPU]
+        server = servers(run.daemon.supervisor)[GPU]
         assert server.socket_path is not None
         from sharing_plugin.kubelet.api.deviceplugin.v1beta1 import api_pb2 as dp
         from sharing_plugin.kubelet.api.deviceplugin.v1beta1 import api_pb2_grpc as dp_grpc

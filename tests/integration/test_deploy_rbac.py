@@ -29,11 +29,15 @@ from k8s_fake import ConfigMapVolume
 from kube_api import FakeKubeApi, Permissions, Request
 from kustomize_render import daemonset_env
 from kustomize_render import render as kustomize_render
+from support.configs import sliced
+from support.observe import next_rejected
 
 from sharing_plugin.cli import run as run_command
 from sharing_plugin.daemon.run.options import RunOptions
 from sharing_plugin.observability.nodestatus import STATE_LABEL
 from sharing_plugin.sources.kube import client_from_kubeconfig
+
+pytestmark = pytest.mark.kubectl
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
@@ -192,13 +196,6 @@ def options_from(env: dict[str, str], root: Path) -> RunOptions:
         return run_command.run_options(parser.parse_args(["run"]))
 
 
-def sliced(replicas: int) -> str:
-    return (
-        "version: v1\nsharing:\n  timeSlicing:\n    resources:\n"
-        f"      - name: nvidia.com/gpu\n        replicas: {replicas}\n"
-    )
-
-
 @dataclass
 class Deployed:
     api: FakeKubeApi
@@ -268,10 +265,10 @@ async def a_node_s_life(node: Deployed) -> None:
     await run.kubelet.wait_for(lambda: run.kubelet.capacity(GPU) == 16, timeout=10)
     with run.daemon.pipeline.outcomes() as outcomes:
         node.edit("default", sliced(0))
-        await outcomes.rejected()
+        await next_rejected(outcomes)
         assert run.capacity() == {GPU: 16}  # the last good config keeps serving
         run.daemon.request_reload()
-        await outcomes.rejected()
+        await next_rejected(outcomes)
     # The same rejection again: its event is patched (a count bump), granted or not.
     await eventually(
         lambda: any(r.method == "PATCH" and "/events/" in r.path for r in api.requests)

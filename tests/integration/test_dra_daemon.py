@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from dra_harness import DRIVER, NODE, dra_running, foreign_claim
 from kube_api import FakeKubeApi
+from support.observe import wait_published
 
 from sharing_plugin.dra.api.constants import V1BETA1_SERVICE
 
@@ -175,7 +176,7 @@ async def test_a_plugin_restart_keeps_prepared_claims_and_their_devices(short_di
 async def test_mig_mixed_devices_carry_their_profile(short_dir: Path) -> None:
     config = "version: v1\nflags:\n  migStrategy: mixed\n"
     async with dra_running(short_dir, config, gpus="simulated:a100-mig-mixed") as run:
-        devices = await run.keeper.wait_published(lambda d: len(d) > 0)
+        devices = await wait_published(run.keeper, lambda d: len(d) > 0)
         profiles = {
             str(d.attributes["resource"]["string"]): d.attributes.get("migProfile") for d in devices
         }
@@ -229,7 +230,7 @@ async def test_a_kubelet_restart_gets_the_slices_back(short_dir: Path) -> None:
             run.api.delete_dra_object("resourceslices", s["metadata"]["name"])
         await run.kubelet.restart()
         await run.kubelet.wait_plugin(DRIVER)
-        await run.keeper.wait_published(lambda d: len(run.device_names()) == 16)
+        await wait_published(run.keeper, lambda d: len(run.device_names()) == 16)
         assert run.slices()[0]["spec"]["pool"]["generation"] == 2
 
 

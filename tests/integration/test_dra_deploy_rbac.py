@@ -24,7 +24,10 @@ sharing:
         replicas: {n}
 """
 
-pytestmark = pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl is not installed")
+pytestmark = [
+    pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl is not installed"),
+    pytest.mark.kubectl,
+]
 
 
 def granted() -> list[tuple[str, str]]:

@@ -14,6 +14,7 @@ import grpc
 from daemon_harness import append_fault, node_file
 from dra_harness import DRIVER, NODE, DraRun, dra_running, foreign_claim
 from kube_api import FakeKubeApi
+from support.observe import health_monitor, wait_published
 
 from sharing_plugin.dra.api.constants import HEALTH_V1ALPHA1_SERVICE, V1BETA1_SERVICE
 from sharing_plugin.dra.api.dra_health.v1alpha1 import api_pb2 as health
@@ -45,7 +46,7 @@ def taints(devices: tuple[PublishedDevice, ...]) -> dict[str, list[tuple[str, st
 
 
 async def watching(run: DraRun) -> None:
-    monitor = run.daemon.pipeline.health_monitor
+    monitor = health_monitor(run.daemon.pipeline)
     assert monitor is not None
     async with asyncio.timeout(2):
         await monitor.watching.wait()
@@ -64,7 +65,7 @@ async def test_an_unhealthy_gpu_stays_in_the_pool_tainted_until_it_recovers(
         await watching(run)
         sick = run.nvml.gpus[0].uuid
         append_fault(node, {"gpu": 0, "xid": 79})
-        tainted = await run.keeper.wait_published(lambda d: bool(taints(d)), timeout=1.0)
+        tainted = await wait_published(run.keeper, lambda d: bool(taints(d)), timeout=1.0)
         assert len(tainted) == 4  # nobody left the pool
         names = {d.name for d in tainted if d.attributes["uuid"]["string"] == sick}
         assert taints(tainted) == {n: [(TAINT, "xid-79", "NoSchedule")] for n in names}
@@ -75,7 +76,7 @@ async def test_an_unhealthy_gpu_stays_in_the_pool_tainted_until_it_recovers(
         status = run.daemon.status.to_json()["resources"][SHARED]
         assert (status["devices"], status["healthy"]) == (4, 2)
         # Recovery (quiet for 1 s, NVML answers) removes the taint.
-        back = await run.keeper.wait_published(lambda d: not taints(d), timeout=5.0)
+        back = await wait_published(run.keeper, lambda d: not taints(d), timeout=5.0)
         assert {d.name for d in back} == {d.name for d in devices}
         assert not any(d.get("taints") for s in run.slices() for d in s["spec"]["devices"])
 
@@ -87,7 +88,7 @@ async def test_a_claim_allocated_a_tainted_device_is_prepared(short_dir: Path) -
         await watching(run)
         sick = uuid_of(devices, 0)
         append_fault(node, {"gpu": sick, "xid": 79})
-        await run.keeper.wait_published(lambda d: bool(taints(d)), timeout=1.0)
+        await wait_published(run.keeper, lambda d: bool(taints(d)), timeout=1.0)
         # Allocated the tainted device (the test allocator plays a scheduler that saw it
         # tolerated, or allocated it just before the taint): NoSchedule keeps such claims.
         on_sick = f'device.attributes["{DRIVER}"].uuid == "{sick}"'
@@ -109,7 +110,7 @@ async def test_without_taints_on_the_server_an_unhealthy_gpu_leaves_the_pool(
             await watching(run)
             sick = uuid_of(devices, 0)
             append_fault(node, {"gpu": sick, "xid": 79})
-            left = await run.keeper.wait_published(lambda d: len(d) == 2, timeout=1.0)
+            left = await wait_published(run.keeper, lambda d: len(d) == 2, timeout=1.0)
             assert sick not in {d.attributes["uuid"]["string"] for d in left}
             assert not taints(left)
             assert len(run.device_names()) == 2  # and no probe slice left from the start
@@ -135,7 +136,7 @@ async def test_taints_the_server_stops_keeping_make_an_unhealthy_gpu_leave_the_p
         api.dra_features_off = frozenset({"DRADeviceTaints"})
         sick = uuid_of(devices, 0)
         append_fault(node, {"gpu": sick, "xid": 79})
-        left = await run.keeper.wait_published(lambda d: len(d) == 2, timeout=2.0)
+        left = await wait_published(run.keeper, lambda d: len(d) == 2, timeout=2.0)
         assert sick not in {d.attributes["uuid"]["string"] for d in left}
         stored = [d for s in run.slices() for d in s["spec"]["devices"]]
         assert len(stored) == 2 and not any("taints" in d for d in stored)
@@ -149,7 +150,7 @@ async def test_a_claim_on_a_tainted_dynamic_placement_is_prepared(short_dir: Pat
         await watching(run)
         sick = devices[0].attributes["uuid"]["string"]
         append_fault(node, {"gpu": sick, "xid": 79})
-        await run.keeper.wait_published(lambda d: bool(taints(d)), timeout=1.0)
+        await wait_published(run.keeper, lambda d: bool(taints(d)), timeout=1.0)
         # Allocated the tainted placement (it tolerates the taint): prepared, instance made.
         ref = foreign_claim(run.api, "tolerates", devices[0].name, pool=NODE)
         answer = await run.prepare(ref)
@@ -168,7 +169,7 @@ async def test_a_v1beta1_server_gets_no_taints_and_no_probe(short_dir: Path) -> 
         await run.published(4)
         await watching(run)
         append_fault(node, {"gpu": 1, "xid": 79})
-        left = await run.keeper.wait_published(lambda d: len(d) == 2, timeout=1.0)
+        left = await wait_published(run.keeper, lambda d: len(d) == 2, timeout=1.0)
         assert not taints(left)
 
 

@@ -16,6 +16,7 @@ import pytest
 from daemon_harness import append_fault, node_file
 from dra_harness import DRIVER, NODE, DraRun, dra_running
 from kube_api import FakeKubeApi
+from support.observe import health_monitor, next_applied, wait_published
 
 from sharing_plugin.backends import backend_from_spec
 from sharing_plugin.dra.claims import ClaimRef
@@ -132,7 +133,7 @@ async def test_a_server_that_drops_the_counters_gets_no_placements(
         # their counters: the scheduler would then allocate overlapping instances.
         api.dra_features_off = frozenset({"DRAPartitionableDevices"})
         async with dra_running(short_dir, dynamic("[3]"), gpus=A100, api=api) as run:
-            published = await run.keeper.wait_published(lambda d: len(d) == WHOLE - 1)
+            published = await wait_published(run.keeper, lambda d: len(d) == WHOLE - 1)
             assert not any(GPU3 in str(d.attributes["uuid"]) for d in published)
             stored = [d for s in run.slices() for d in s["spec"].get("devices") or ()]
             assert len(stored) == WHOLE - 1
@@ -157,7 +158,7 @@ async def test_prepare_creates_the_instance_and_unprepare_destroys_it(short_dir:
         (mig,) = discover(run.nvml).gpus[3].mig_devices
         assert spec_env(run, ref.uid) == [f"NVIDIA_VISIBLE_DEVICES={mig.uuid}"]
         # Held: the allocator counts it now, so the counters are whole and it consumes.
-        await run.keeper.wait_published(lambda d: any(x.name == three and x.consumes for x in d))
+        await wait_published(run.keeper, lambda d: any(x.name == three and x.consumes for x in d))
         assert counters(run, GPU3)["compute-slices"] == 7
         assert run.daemon.pipeline.inventory is not None
         assert run.daemon.pipeline.inventory.mig_device(mig.uuid) is not None
@@ -215,11 +216,11 @@ async def test_existing_instances_are_adopted_and_destroyed_at_unprepare(short_d
         assert calls(run) == []  # adopted, not made again
         mig = MIXED.gpus[0].mig_devices[0]
         assert spec_env(run, ref.uid) == [f"NVIDIA_VISIBLE_DEVICES={mig.uuid}"]
-        await run.keeper.wait_published(lambda d: any(x.name == three and x.consumes for x in d))
+        await wait_published(run.keeper, lambda d: any(x.name == three and x.consumes for x in d))
         assert counters(run, GPU0)["memory-slice-0"] == 1  # the allocator counts it now
         assert await run.unprepare(ref) == ""
         assert instances(run, 0) == ["1g.10gb@6", "2g.20gb@4"]
-        await run.keeper.wait_published(lambda d: True)
+        await wait_published(run.keeper, lambda d: True)
         assert [counters(run, GPU0)[f"memory-slice-{i}"] for i in range(4)] == [1] * 4
 
 
@@ -292,8 +293,9 @@ async def test_a_declared_layout_is_applied_and_waits_for_the_claim_on_its_insta
             ("create_gpu_instance", 3, "3g.40gb", 4),
             ("create_compute_instance", 3, "3g.40gb", 4),
         ]
-        published = await run.keeper.wait_published(
-            lambda d: sum(x.attributes.get("migProfile") == {"string": "3g.40gb"} for x in d) == 4
+        published = await wait_published(
+            run.keeper,
+            lambda d: sum(x.attributes.get("migProfile") == {"string": "3g.40gb"} for x in d) == 4,
         )
         held = next(
             d
@@ -305,7 +307,7 @@ async def test_a_declared_layout_is_applied_and_waits_for_the_claim_on_its_insta
         assert (await run.prepare(ref)).error == ""
         with run.daemon.pipeline.outcomes() as outcomes:
             run.write(declared("{7g.80gb: 1}"))
-            await outcomes.applied()
+            await next_applied(outcomes)
         (state,) = run.daemon.status.to_json()["mig"].values()
         assert state["state"] == "pending"
         uuid = held.attributes["uuid"]["string"]
@@ -315,7 +317,7 @@ async def test_a_declared_layout_is_applied_and_waits_for_the_claim_on_its_insta
         assert calls(run) == []  # nothing touched while the claim holds its instance
         with run.daemon.pipeline.outcomes() as outcomes:
             assert await run.unprepare(ref) == ""
-            while (await outcomes.applied()).trigger.value != "MIG layout pending":
+            while (await next_applied(outcomes)).trigger.value != "MIG layout pending":
                 pass
         assert instances(run, 3) == ["7g.80gb@0"]
         (state,) = run.daemon.status.to_json()["mig"].values()
@@ -327,7 +329,7 @@ async def test_run_dra_logs_nothing_about_not_applying_layouts(
     short_dir: Path, config: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     async with dra_running(short_dir, config, gpus=A100) as run:
-        await run.keeper.wait_published(lambda d: len(d) > 0)
+        await wait_published(run.keeper, lambda d: len(d) > 0)
     assert not any("does not apply partitioning.mig" in r.message for r in caplog.records)
 
 
@@ -350,12 +352,12 @@ async def test_an_xid_on_a_claims_new_mig_device_is_that_devices_alone(short_dir
             ref = claim(run, "hot", placement_name(first, "3g.40gb", 0))
             assert (await run.prepare(ref)).error == ""
             (mig,) = discover(run.nvml).gpus[0].mig_devices
-            monitor = run.daemon.pipeline.health_monitor
+            monitor = health_monitor(run.daemon.pipeline)
             assert monitor is not None and mig.uuid in monitor.health
             await watches.started(2)  # watching again, the new MIG device among the devices
             append_fault(path, {"gpu": mig.uuid, "xid": 94})
             pipeline = run.daemon.pipeline
-            await run.keeper.wait_published(lambda d: pipeline.health.get(mig.uuid) is False)
+            await wait_published(run.keeper, lambda d: pipeline.health.get(mig.uuid) is False)
             assert pipeline.health.get(first) is not False
             assert pipeline.health.get(second) is not False
             published = {d.name for d in run.keeper.pool()}

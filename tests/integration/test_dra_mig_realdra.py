@@ -25,9 +25,12 @@ NODE = "node-1"
 GPUS = "simulated:a100-mig-mixed"  # GPU 3: A100-SXM4-80GB, MIG on, empty
 CONFIG = "version: v1\npartitioning:\n  mig:\n    - devices: [3]\n      dynamic: true\n"
 
-pytestmark = pytest.mark.skipif(
-    not realdra.available("realdra136"), reason=realdra.skip_reason("realdra136")
-)
+pytestmark = [
+    pytest.mark.skipif(
+        not realdra.available("realdra136"), reason=realdra.skip_reason("realdra136")
+    ),
+    pytest.mark.realtools,
+]
 
 
 async def test_a_claim_nvml_refuses_gets_nvmls_reason_at_the_kubelet(short_dir: Path) -> None:

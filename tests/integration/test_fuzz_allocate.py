@@ -21,6 +21,7 @@ import pytest
 from daemon_harness import Running, running
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from support.observe import open_streams, servers
 
 from sharing_plugin.kubelet.api.deviceplugin.v1beta1 import api_pb2 as dp
 from sharing_plugin.kubelet.api.deviceplugin.v1beta1 import api_pb2_grpc as dp_grpc
@@ -113,7 +114,7 @@ async def test_fuzzed_requests_get_answers_or_invalid_argument_and_the_server_su
     resources = _plan(node)
     assert {GPU, SLICED} <= set(resources) and len(resources[SLICED].devices) == 12
     known = sorted(i for r in resources.values() for i in r.ids)
-    sockets = {name: node.daemon.supervisor.servers[name].socket_path for name in resources}
+    sockets = {name: servers(node.daemon.supervisor)[name].socket_path for name in resources}
     channels = {n: grpc.aio.insecure_channel(f"unix://{p}") for n, p in sockets.items()}
     stubs = {n: dp_grpc.DevicePluginStub(c) for n, c in channels.items()}
     names = sorted(resources)
@@ -207,8 +208,8 @@ async def test_fuzzed_requests_get_answers_or_invalid_argument_and_the_server_su
     assert not failures, failures[:3]
     # Still serving: the kubelet's stream is open and a pod is admitted through Allocate.
     for name, resource in _plan(node).items():
-        server = node.daemon.supervisor.servers[name]
-        assert server.open_streams == 1 and server.socket_path == sockets[name]
+        server = servers(node.daemon.supervisor)[name]
+        assert open_streams(server) == 1 and server.socket_path == sockets[name]
         assert node.kubelet.capacity(name) == len(resource.devices)
     pod = await node.kubelet.admit_pod("after", containers={"c": {SLICED: 1, GPU: 2}})
     assert len(pod.device_ids("c", GPU)) == 2 and len(pod.device_ids("c", SLICED)) == 1

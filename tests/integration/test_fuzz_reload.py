@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 from daemon_harness import Running, running
 from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
+from support.observe import messages_received, open_streams, servers
 
 from sharing_plugin.config.yamldoc import MAX_BYTES
 
@@ -164,7 +165,7 @@ async def _fuzz(run: Running) -> None:
         return asyncio.run_coroutine_threadsafe(coro, loop).result(UPDATE_TIMEOUT_S * 3)
 
     def messages() -> dict[str, int]:
-        return {r: run.kubelet.messages(r) for r in run.kubelet.resources()}
+        return {r: messages_received(run.kubelet, r) for r in run.kubelet.resources()}
 
     async def check_broken(data: bytes) -> None:
         generation = status.to_json()["config"]["generation"]
@@ -205,4 +206,4 @@ async def _fuzz(run: Running) -> None:
 
     await asyncio.to_thread(fuzz)
     assert daemon.supervisor.advertised is not None
-    assert all(s.open_streams == 1 for s in daemon.supervisor.servers.values())
+    assert all(open_streams(s) == 1 for s in servers(daemon.supervisor).values())

@@ -9,6 +9,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field, replace
 
 import pytest
+from support.observe import inject_xid, set_lost
 
 from sharing_plugin.config.model import Config, Health
 from sharing_plugin.daemon.node.health_monitor import (
@@ -82,7 +83,7 @@ async def test_a_critical_xid_marks_the_gpu_within_a_second() -> None:
     metrics = Metrics()
     async with running(sim, inventory, metrics=metrics) as (monitor, reports):
         started = asyncio.get_running_loop().time()
-        sim.inject_xid(2, 79)
+        inject_xid(sim, 2, 79)
         health = await reports.next()
         assert asyncio.get_running_loop().time() - started < 1.0
     assert {u for u, ok in health.items() if not ok} == {inventory.gpus[2].uuid}
@@ -96,8 +97,8 @@ async def test_an_ignored_xid_changes_nothing(caplog: pytest.LogCaptureFixture) 
     inventory = discover(sim)
     caplog.set_level(logging.INFO)
     async with running(sim, inventory) as (_monitor, reports):
-        sim.inject_xid(2, 13)
-        sim.inject_xid(3, 48)  # a marker: once it is reported, Xid 13 was seen before it
+        inject_xid(sim, 2, 13)
+        inject_xid(sim, 3, 48)  # a marker: once it is reported, Xid 13 was seen before it
         await reports.next()
     assert reports.last_unhealthy == {inventory.gpus[3].uuid}
     assert len(reports.seen) == 1
@@ -109,7 +110,7 @@ async def test_a_mig_scoped_xid_marks_only_that_mig_device() -> None:
     inventory = discover(sim)
     target = inventory.gpus[1].mig_devices[2]
     async with running(sim, inventory) as (_monitor, reports):
-        sim.inject_xid(target.uuid, 94)
+        inject_xid(sim, target.uuid, 94)
         await reports.next()
     assert reports.last_unhealthy == {target.uuid}
 
@@ -118,7 +119,7 @@ async def test_a_lost_gpu_is_unhealthy(caplog: pytest.LogCaptureFixture) -> None
     sim = SimulatedNvml.from_preset("t4x4")
     inventory = discover(sim)
     async with running(sim, inventory) as (_monitor, reports):
-        sim.set_lost(1)
+        set_lost(sim, 1)
         await reports.next()
     assert reports.last_unhealthy == {inventory.gpus[1].uuid}
     assert f"GPU 1 ({inventory.gpus[1].uuid}) marked Unhealthy" in caplog.text
@@ -127,7 +128,7 @@ async def test_a_lost_gpu_is_unhealthy(caplog: pytest.LogCaptureFixture) -> None
 async def test_a_gpu_lost_before_the_watch_is_found_by_a_check() -> None:
     sim = SimulatedNvml.from_preset("t4x4")
     inventory = discover(sim)
-    sim.set_lost(3)  # no event set holds it yet: only the check at start can tell
+    set_lost(sim, 3)  # no event set holds it yet: only the check at start can tell
     async with running(sim, inventory) as (_monitor, reports):
         await reports.next()
     assert reports.last_unhealthy == {inventory.gpus[3].uuid}
@@ -139,7 +140,7 @@ async def test_recovery_after_the_quiet_period(caplog: pytest.LogCaptureFixture)
     caplog.set_level(logging.INFO)
     async with running(sim, inventory, timing=FAST) as (_monitor, reports):
         loop = asyncio.get_running_loop()
-        sim.set_lost(0)
+        set_lost(sim, 0)
         await reports.next()
         lost_at = loop.time()
         assert reports.last_unhealthy == {inventory.gpus[0].uuid}
@@ -148,7 +149,7 @@ async def test_recovery_after_the_quiet_period(caplog: pytest.LogCaptureFixture)
             while sum("still Unhealthy" in r.getMessage() for r in caplog.records) < 2:  # noqa: ASYNC110
                 await asyncio.sleep(0.01)
         assert reports.last_unhealthy == {inventory.gpus[0].uuid}
-        sim.set_lost(0, False)
+        set_lost(sim, 0, False)
         answered_at = loop.time()
         health = await reports.next(within=2.0)
         assert all(health.values())
@@ -163,10 +164,10 @@ async def test_a_new_xid_during_the_quiet_period_postpones_recovery() -> None:
     timing = RecoveryTiming(quiet_period_s=0.4, first_check_s=0.05, max_check_s=0.1)
     async with running(sim, inventory, timing=timing) as (monitor, reports):
         loop = asyncio.get_running_loop()
-        sim.inject_xid(0, 48)
+        inject_xid(sim, 0, 48)
         await reports.next()
         await asyncio.sleep(0.25)
-        sim.inject_xid(0, 48)
+        inject_xid(sim, 0, 48)
         again = loop.time()
         await reports.next(within=2.0)
         assert all(monitor.health.values())
@@ -188,7 +189,7 @@ async def test_health_applied_to_a_plan_takes_exactly_the_gpus_devices() -> None
     base = plan(config, inventory)
     gpu = inventory.gpus[1]  # 3g.40gb + 2g.20gb + 1g.10gb: three resources
     async with running(sim, inventory) as (_monitor, reports):
-        sim.inject_xid(1, 79)
+        inject_xid(sim, 1, 79)
         health = await reports.next()
     after = base.with_health(health)
     touched = set()
@@ -207,15 +208,15 @@ async def test_turning_health_checks_off_reports_everything_healthy() -> None:
     sim = SimulatedNvml.from_preset("t4x4")
     inventory = discover(sim)
     async with running(sim, inventory) as (monitor, reports):
-        sim.inject_xid(2, 79)
+        inject_xid(sim, 2, 79)
         await reports.next()
         monitor.update_settings(replace(monitor.settings, enabled=False))
         health = await reports.next()
         assert all(health.values())
-        sim.inject_xid(2, 79)  # not watched now
+        inject_xid(sim, 2, 79)  # not watched now
         monitor.update_settings(replace(monitor.settings, enabled=True))
         await asyncio.wait_for(monitor.watching.wait(), 2.0)
-        sim.inject_xid(1, 79)
+        inject_xid(sim, 1, 79)
         await reports.next()
     assert reports.last_unhealthy == {inventory.gpus[1].uuid}
 
@@ -225,8 +226,8 @@ async def test_new_ignored_xids_apply_to_the_next_event() -> None:
     inventory = discover(sim)
     async with running(sim, inventory) as (monitor, reports):
         monitor.update_settings(replace(monitor.settings, policy=XidPolicy(frozenset({48}))))
-        sim.inject_xid(0, 48)
-        sim.inject_xid(1, 13)
+        inject_xid(sim, 0, 48)
+        inject_xid(sim, 1, 13)
         await reports.next()
     assert reports.last_unhealthy == {inventory.gpus[1].uuid}
     assert len(reports.seen) == 1

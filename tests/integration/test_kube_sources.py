@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 from k8s_fake import ConfigMapVolume
 from kube_api import ALL_PERMISSIONS, FakeKubeApi, permissions
+from support.configs import sliced
 
 from sharing_plugin.errors import KubeApiError
 from sharing_plugin.sources.apiconfig import ApiConfigSource, parse_config_map_ref
@@ -24,13 +25,6 @@ from sharing_plugin.sources.update import ConfigUpdate, Trigger
 NODE = "gpu-node-1"
 LABEL = "nvidia.com/device-plugin.config"
 NS, CM = "kube-system", "gpu-config"
-
-
-def sliced(replicas: int) -> str:
-    return (
-        "version: v1\nsharing:\n  timeSlicing:\n    resources:\n"
-        f"      - name: nvidia.com/gpu\n        replicas: {replicas}\n"
-    )
 
 
 def replicas(update: ConfigUpdate) -> int | None:
@@ -251,6 +245,7 @@ async def test_the_api_going_away_keeps_the_copy_in_use(tmp_path: Path) -> None:
             await api.up()
 
 
+@pytest.mark.subprocess
 @pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command")
 def test_in_cluster_service_account_is_found(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
@@ -268,6 +263,7 @@ def test_in_cluster_service_account_is_found(
     assert client_from_environment({}, service_account_dir=tmp_path) is not None
 
 
+@pytest.mark.subprocess
 async def test_exec_plugin_credentials_work(tmp_path: Path) -> None:
     """An EKS/GKE/AKS-style kubeconfig: the token comes from a command (client.authentication)."""
     plugin = tmp_path / "get-token"

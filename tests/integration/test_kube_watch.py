@@ -17,7 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from kube_api import FakeKubeApi, Request
-from test_kube_sources import LABEL, NODE, Stream, api_client, replicas, sliced
+from support.configs import sliced
+from test_kube_sources import LABEL, NODE, Stream, api_client, replicas
 
 from sharing_plugin.sources.apiconfig import ApiConfigSource
 from sharing_plugin.sources.nodelabel import NodeLabelWatcher

@@ -22,12 +22,15 @@ from pathlib import Path
 
 import pytest
 from daemon_harness import running
+from support.observe import open_streams, servers
 
 from sharing_plugin.config.model import Config
 from sharing_plugin.gpus.inventory import Inventory
 from sharing_plugin.kubelet.server import AllocateContext, ResourceServer
 from sharing_plugin.plan import Plan
 from sharing_plugin.sim.kubelet.simulator import KubeletSimulator
+
+pytestmark = pytest.mark.subprocess
 
 MakePlan = Callable[..., tuple[Plan, Config, Inventory]]
 GPU = "nvidia.com/gpu"
@@ -104,7 +107,7 @@ async def test_a_push_reaches_kubelet_whatever_the_other_streams_do(
         await kubelet_sim.wait_for(lambda: kubelet_sim.capacity(GPU) == 8 * REPLICAS)
         assert server.socket_path is not None
         async with other_streams(server.socket_path):
-            assert server.open_streams == 51
+            assert open_streams(server) == 51
             for replicas in (REPLICAS + 1, REPLICAS + 2) * 3:
                 new = make_plan(time_slicing(replicas))[0].resource(GPU)
                 assert new is not None
@@ -141,7 +144,7 @@ async def test_a_rename_reaches_kubelet_whatever_the_old_sockets_streams_do(
     short_dir: Path,
 ) -> None:
     async with running(short_dir, CONFIG.format(rename="false", replicas=REPLICAS)) as run:
-        socket = run.daemon.supervisor.servers[GPU].socket_path
+        socket = servers(run.daemon.supervisor)[GPU].socket_path
         assert socket is not None
         async with other_streams(socket):
             # Pushes while the frozen readers do not read: their sockets fill up.

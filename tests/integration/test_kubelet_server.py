@@ -10,6 +10,7 @@ from typing import Any
 
 import grpc
 import pytest
+from support.observe import numa_nodes, open_streams
 
 from sharing_plugin.config.model import Config
 from sharing_plugin.errors import KubeletError
@@ -84,7 +85,7 @@ async def test_every_resource_registers_and_kubelet_sees_its_devices(
         )
         for name, resource in expected.items():
             assert list(kubelet_sim.devices(name)) == list(resource.ids)
-            numa = kubelet_sim.numa_nodes(name)
+            numa = numa_nodes(kubelet_sim, name)
             assert all(
                 numa[d.id] == ((d.numa,) if d.numa is not None else ()) for d in resource.devices
             )
@@ -287,7 +288,7 @@ async def test_stop_removes_the_socket_and_kubelet_sees_zero_devices(
     async with serving(kubelet_sim, resource, AllocateContext(cfg.flags, inventory)) as server:
         socket = server.socket_path
         assert socket is not None and socket.exists()
-        assert server.open_streams == 1  # kubelet's
+        assert open_streams(server) == 1  # kubelet's
         started = asyncio.get_running_loop().time()
         await server.stop()
         assert asyncio.get_running_loop().time() - started < 0.6

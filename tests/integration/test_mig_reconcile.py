@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from support.observe import reset_gpu, set_lost
+
 from sharing_plugin.config.model import Config
 from sharing_plugin.daemon.node.mig import MigReconciler
 from sharing_plugin.mig.desired import RESET_NEEDED
@@ -183,7 +185,7 @@ async def test_mode_change_needing_a_reset_is_pending_until_the_reset() -> None:
     waiting = await reconciler.reconcile(config, first.inventory, {})
     assert waiting.states[uuid][0] is MigState.PENDING and _calls(sim) == []  # nothing forced
 
-    sim.reset_gpu(0)  # the admin resets the GPU
+    reset_gpu(sim, 0)  # the admin resets the GPU
     done = await reconciler.reconcile(config, discover(sim), {})
     assert done.states[uuid] == (MigState.APPLIED, None)
     assert [m.profile for m in done.inventory.gpus[0].mig_devices] == ["7g.141gb"]
@@ -195,7 +197,7 @@ async def test_nvml_failure_is_the_gpus_error_state() -> None:
     config = _config(
         {"devices": [3], "profiles": {"7g.80gb": 1}}, {"devices": [2], "profiles": {"3g.40gb": 2}}
     )
-    sim.set_lost(3)
+    set_lost(sim, 3)
     outcome = await MigReconciler(sim).reconcile(config, inventory, {})
     state, reason = outcome.states[inventory.gpus[3].uuid]
     assert state is MigState.ERROR and "NVML_ERROR_GPU_IS_LOST" in (reason or "")

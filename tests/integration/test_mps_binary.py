@@ -16,6 +16,8 @@ from support.mps import alive, pid_of, write_wrapper
 from sharing_plugin.errors import MpsError
 from sharing_plugin.mps import ControlBinary, process_alive, wait_exit
 
+pytestmark = pytest.mark.subprocess
+
 
 @pytest.fixture
 def binary(short_dir: Path) -> Iterator[Path]:

@@ -23,6 +23,7 @@ from mps_harness import (
     resource_root,
 )
 from support.mps import write_wrapper
+from support.observe import next_applied
 
 from sharing_plugin.dra.checkpoint import (
     Checkpoint,
@@ -53,6 +54,7 @@ def write(path: Path, text: str) -> None:
     tmp.replace(path)
 
 
+@pytest.mark.subprocess
 async def test_starts_one_daemon_with_the_reference_limits(
     short_dir: Path, binary: Path, gpus: str
 ) -> None:
@@ -71,6 +73,7 @@ async def test_starts_one_daemon_with_the_reference_limits(
         assert (resource_root(mps_root) / "log" / "control.log").exists()
 
 
+@pytest.mark.subprocess
 async def test_for_dra_claims_the_daemon_limits_no_client_itself(
     short_dir: Path, binary: Path, gpus: str
 ) -> None:
@@ -85,6 +88,7 @@ async def test_for_dra_claims_the_daemon_limits_no_client_itself(
         assert found.limits["activeThreadPercentage"] == 100
 
 
+@pytest.mark.subprocess
 async def test_a_dead_daemon_is_restarted(short_dir: Path, binary: Path, gpus: str) -> None:
     mps_root = short_dir / "mps"
     config = short_dir / "config.yaml"
@@ -101,6 +105,7 @@ async def test_a_dead_daemon_is_restarted(short_dir: Path, binary: Path, gpus: s
         assert limits_of(binary, pipe_of(mps_root), 2) == ("50.0", ["20480M", "40960M"])
 
 
+@pytest.mark.subprocess
 async def test_reload_restarts_only_a_changed_daemon_and_adoption_keeps_it(
     short_dir: Path, binary: Path, gpus: str
 ) -> None:
@@ -111,11 +116,11 @@ async def test_reload_restarts_only_a_changed_daemon_and_adoption_keeps_it(
         first = await eventually_record(mps_root, lambda r: r.state is DaemonState.READY)
         with running.pipeline.outcomes() as outcomes:
             write(config, mps_config(mps_root, replicas=4) + "# same meaning\n")
-            await outcomes.applied()
+            await next_applied(outcomes)
             assert daemon_pid(mps_root) == first.pid
 
             write(config, mps_config(mps_root, replicas=2))
-            await outcomes.applied()
+            await next_applied(outcomes)
         second = await eventually_record(
             mps_root, lambda r: r.state is DaemonState.READY and r.pid != first.pid
         )
@@ -135,6 +140,7 @@ async def test_reload_restarts_only_a_changed_daemon_and_adoption_keeps_it(
         assert log.read_text().count("Startup") == starts
 
 
+@pytest.mark.subprocess
 async def test_a_resource_no_longer_shared_stops_its_daemon(
     short_dir: Path, binary: Path, gpus: str
 ) -> None:
@@ -145,7 +151,7 @@ async def test_a_resource_no_longer_shared_stops_its_daemon(
         first = await eventually_record(mps_root, lambda r: r.state is DaemonState.READY)
         with running.pipeline.outcomes() as outcomes:
             write(config, f"version: v1\nflags:\n  mpsRoot: {mps_root}\n")
-            await outcomes.applied()
+            await next_applied(outcomes)
         assert first.pid is not None and not process_alive(first.pid)
         assert record(mps_root) is None
 
@@ -166,6 +172,7 @@ def prepare_claim(kubelet_dir: Path, resource: str) -> Checkpoint:
     return checkpoint
 
 
+@pytest.mark.subprocess
 async def test_under_dra_a_daemon_a_prepared_claim_uses_waits_for_its_release(
     short_dir: Path, binary: Path, gpus: str
 ) -> None:
@@ -181,7 +188,7 @@ async def test_under_dra_a_daemon_a_prepared_claim_uses_waits_for_its_release(
         checkpoint = prepare_claim(kubelet_dir, RESOURCE)
         with running.pipeline.outcomes() as outcomes:
             write(config, f"version: v1\nflags:\n  mpsRoot: {mps_root}\n")
-            await outcomes.applied()
+            await next_applied(outcomes)
         waiting = await eventually_record(mps_root, lambda r: r.state is DaemonState.WAITING)
         assert waiting.reason is not None and "1 device(s) their claims hold" in waiting.reason
         assert first.pid is not None and process_alive(first.pid)
@@ -198,6 +205,7 @@ def test_an_unreadable_checkpoint_is_not_taken_for_no_claims(short_dir: Path) ->
     assert checkpoint.path.exists()  # and another process's file is left as it is
 
 
+@pytest.mark.subprocess
 async def test_a_broken_binary_is_retried_and_reported(short_dir: Path, gpus: str) -> None:
     mps_root = short_dir / "mps"
     config = short_dir / "config.yaml"
@@ -207,6 +215,7 @@ async def test_a_broken_binary_is_retried_and_reported(short_dir: Path, gpus: st
         assert failed.reason is not None and "cannot run the MPS control binary" in failed.reason
 
 
+@pytest.mark.subprocess
 async def test_sizes_and_limits_from_the_config_reach_the_daemon(
     short_dir: Path, binary: Path, gpus: str
 ) -> None:

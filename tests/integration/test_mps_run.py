@@ -28,8 +28,15 @@ from mps_harness import (
     resource_root,
 )
 from support.mps import write_wrapper
+from support.observe import next_applied
 
-from sharing_plugin.mps import DaemonRecord, DaemonState, process_alive, write_record
+from sharing_plugin.mps import (
+    DaemonRecord,
+    DaemonState,
+    process_alive,
+    read_record,
+    write_record,
+)
 
 REPLICAS = 4
 ALL = 2 * REPLICAS  # two GPUs
@@ -52,6 +59,7 @@ def write(path: Path, text: str) -> None:
     tmp.replace(path)
 
 
+@pytest.mark.subprocess
 async def test_run_first_then_mps_control_and_a_crash_is_unhealthy_within_a_second(
     short_dir: Path, binary: Path, gpus: str
 ) -> None:
@@ -92,6 +100,7 @@ async def test_run_first_then_mps_control_and_a_crash_is_unhealthy_within_a_seco
             )
 
 
+@pytest.mark.subprocess
 async def test_mps_control_first_and_a_plugin_restart_finds_the_daemon_serving(
     short_dir: Path, binary: Path, gpus: str
 ) -> None:
@@ -109,6 +118,7 @@ async def test_mps_control_first_and_a_plugin_restart_finds_the_daemon_serving(
         assert daemon_pid(mps_root) == ready.pid
 
 
+@pytest.mark.subprocess
 async def test_a_limit_change_waits_for_the_pods_holding_replicas(
     short_dir: Path, binary: Path, gpus: str
 ) -> None:
@@ -123,7 +133,7 @@ async def test_a_limit_change_waits_for_the_pods_holding_replicas(
 
         with control.pipeline.outcomes() as outcomes:
             write(run.config, mps_config(mps_root, replicas=2))
-            await outcomes.applied()
+            await next_applied(outcomes)
         waiting = await eventually_record(mps_root, lambda r: r.state is DaemonState.WAITING)
         assert waiting.pid == first
         assert waiting.reason is not None and "1 replica(s)" in waiting.reason
@@ -142,6 +152,7 @@ async def test_a_limit_change_waits_for_the_pods_holding_replicas(
         await run.kubelet.wait_for(lambda: run.allocatable() == {RESOURCE: 4}, timeout=10)
 
 
+@pytest.mark.subprocess
 async def test_a_waiting_change_keeps_waiting_while_the_kubelet_cannot_tell(
     short_dir: Path, binary: Path, gpus: str
 ) -> None:
@@ -155,11 +166,18 @@ async def test_a_waiting_change_keeps_waiting_while_the_kubelet_cannot_tell(
         await run.kubelet.admit_pod("client", containers={"main": {RESOURCE: 1}})
         with control.pipeline.outcomes() as outcomes:
             write(run.config, mps_config(mps_root, replicas=2))
-            await outcomes.applied()
+            await next_applied(outcomes)
         await eventually_record(mps_root, lambda r: r.state is DaemonState.WAITING)
         # PodResources gone (a kubelet restarting): the pod is still there, its daemon stays.
         run.kubelet.pod_resources_socket.unlink()
-        await asyncio.sleep(0.5)  # ten rechecks (recheck_s 0.05)
+        # The next change (no MPS at all) is weighed against a kubelet that cannot tell: its
+        # last answer counts, so the stop waits for the pod too, and says so once applied.
+        with control.pipeline.outcomes() as outcomes:
+            write(run.config, f"version: v1\nflags:\n  mpsRoot: {mps_root}\n")
+            await next_applied(outcomes)
+        record = read_record(resource_root(mps_root))
+        assert record is not None and record.state is DaemonState.WAITING
+        assert record.reason is not None and record.reason.startswith("stopping the daemon")
         assert first is not None and process_alive(first)
         assert daemon_pid(mps_root) == first
 

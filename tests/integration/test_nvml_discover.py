@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import yaml_fast
+from support.observe import set_lost
 
 from sharing_plugin.backends import backend_from_spec
 from sharing_plugin.errors import ConfigError, GpuLostError, NvmlError
@@ -167,7 +168,7 @@ def test_the_real_backend_is_pynvml() -> None:
 
 def test_a_lost_gpu_is_reported_not_fatal() -> None:
     sim = SimulatedNvml.from_preset("t4x4")
-    sim.set_lost(2)
+    set_lost(sim, 2)
     inventory = discover(sim)
     lost = inventory.gpus[2]
     assert not lost.healthy_at_discovery
@@ -179,17 +180,17 @@ def test_a_lost_gpu_is_reported_not_fatal() -> None:
 
 def test_fail_on_init_error_raises_instead() -> None:
     sim = SimulatedNvml.from_preset("t4x4")
-    sim.set_lost("GPU-" + "0" * 32)  # unknown: ignored
-    sim.set_lost(1)
+    set_lost(sim, "GPU-" + "0" * 32)  # unknown: ignored
+    set_lost(sim, 1)
     with pytest.raises(GpuLostError, match="GPU 1: getting its handle: NVML_ERROR_GPU_IS_LOST"):
         discover(sim, fail_on_init_error=True)
 
 
 def test_a_lost_gpu_comes_back() -> None:
     sim = SimulatedNvml.from_preset("workstation")
-    sim.set_lost(0)
+    set_lost(sim, 0)
     assert not discover(sim).gpus[0].healthy_at_discovery
-    sim.set_lost(0, lost=False)
+    set_lost(sim, 0, lost=False)
     assert discover(sim).gpus[0].healthy_at_discovery
 
 

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 import yaml_fast
+from support.observe import inject_ecc, inject_xid, set_lost, wait_until_shut_down
 
 from sharing_plugin.backends import backend_from_spec
 from sharing_plugin.errors import NvmlError
@@ -23,7 +24,7 @@ async def test_an_injected_xid_reaches_the_iterator() -> None:
     sim = SimulatedNvml.from_preset("dgx-a100-80gb")
     inventory = discover(sim)
     async with NvmlEventWatch(sim, inventory, wait_ms=100) as events:
-        sim.inject_xid(3, 48)
+        inject_xid(sim, 3, 48)
         event = await asyncio.wait_for(anext(events), timeout=1.0)
     assert event == NvmlEvent(inventory.gpus[3].uuid, 48)
 
@@ -33,8 +34,8 @@ async def test_an_xid_on_a_mig_device_names_that_mig_device() -> None:
     inventory = discover(sim)
     target = inventory.gpus[4].mig_devices[1]
     async with NvmlEventWatch(sim, inventory, wait_ms=100) as events:
-        sim.inject_xid(target.uuid, 94)
-        sim.inject_xid(4, 48)  # not attributed to an instance: the whole GPU
+        inject_xid(sim, target.uuid, 94)
+        inject_xid(sim, 4, 48)  # not attributed to an instance: the whole GPU
         first = await asyncio.wait_for(anext(events), timeout=1.0)
         second = await asyncio.wait_for(anext(events), timeout=1.0)
     assert first == NvmlEvent(target.uuid, 94)
@@ -92,8 +93,8 @@ async def test_ecc_errors_reach_the_iterator_naming_the_gpu() -> None:
     inventory = discover(sim)
     mig = inventory.gpus[4].mig_devices[1]
     async with NvmlEventWatch(sim, inventory, wait_ms=100) as events:
-        sim.inject_ecc(2, "double")
-        sim.inject_ecc(mig.uuid, "single")  # NVML attributes only Xids: the whole GPU
+        inject_ecc(sim, 2, "double")
+        inject_ecc(sim, mig.uuid, "single")  # NVML attributes only Xids: the whole GPU
         first = await asyncio.wait_for(anext(events), timeout=1.0)
         second = await asyncio.wait_for(anext(events), timeout=1.0)
     assert first == NvmlEvent(inventory.gpus[2].uuid, 0, EventKind.DOUBLE_BIT_ECC)
@@ -119,15 +120,15 @@ async def test_only_the_chosen_event_kinds_are_registered() -> None:
     async with NvmlEventWatch(
         sim, inventory, wait_ms=50, kinds=frozenset({EventKind.XID})
     ) as events:
-        sim.inject_ecc(0, "double")  # not registered: NVML does not queue it
-        sim.inject_xid(1, 48)
+        inject_ecc(sim, 0, "double")  # not registered: NVML does not queue it
+        inject_xid(sim, 1, 48)
         event = await asyncio.wait_for(anext(events), timeout=1.0)
     assert event == NvmlEvent(inventory.gpus[1].uuid, 48)
     ecc_only = frozenset({EventKind.DOUBLE_BIT_ECC})
     async with NvmlEventWatch(sim, inventory, wait_ms=50, kinds=ecc_only) as events:
-        sim.inject_xid(1, 79)
-        sim.inject_ecc(3, "single")
-        sim.inject_ecc(2, "double")
+        inject_xid(sim, 1, 79)
+        inject_ecc(sim, 3, "single")
+        inject_ecc(sim, 2, "double")
         event = await asyncio.wait_for(anext(events), timeout=1.0)
     assert event == NvmlEvent(inventory.gpus[2].uuid, 0, EventKind.DOUBLE_BIT_ECC)
 
@@ -155,9 +156,9 @@ async def test_event_types_a_gpu_lacks_are_skipped_on_that_gpu_only(
             [],
             {inventory.gpus[1].uuid: {"double-bit-ecc", "single-bit-ecc"}},
         )
-        sim.inject_ecc(1, "double")  # not registered on GPU 1
-        sim.inject_xid(1, 79)  # still watched there
-        sim.inject_ecc(2, "double")
+        inject_ecc(sim, 1, "double")  # not registered on GPU 1
+        inject_xid(sim, 1, 79)  # still watched there
+        inject_ecc(sim, 2, "double")
         first = await asyncio.wait_for(anext(events), timeout=1.0)
         second = await asyncio.wait_for(anext(events), timeout=1.0)
     assert first == NvmlEvent(inventory.gpus[1].uuid, 79)
@@ -194,7 +195,7 @@ async def test_cancelling_a_waiting_consumer_ends_the_watch() -> None:
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
-    assert await asyncio.to_thread(sim.wait_until_shut_down, 2.0)
+    assert await asyncio.to_thread(wait_until_shut_down, sim, 2.0)
 
 
 async def test_closing_the_watch_does_not_wait_out_the_nvml_wait() -> None:
@@ -202,7 +203,7 @@ async def test_closing_the_watch_does_not_wait_out_the_nvml_wait() -> None:
     inventory = discover(sim)
     loop = asyncio.get_running_loop()
     async with NvmlEventWatch(sim, inventory, wait_ms=5000) as watch:
-        sim.inject_xid(1, 48)
+        inject_xid(sim, 1, 48)
         assert await asyncio.wait_for(anext(watch), 1.0) == NvmlEvent(inventory.gpus[1].uuid, 48)
         # The thread is back in nvmlEventSetWait for up to 5 s now.
         closing = loop.time()
@@ -210,9 +211,9 @@ async def test_closing_the_watch_does_not_wait_out_the_nvml_wait() -> None:
     assert not watch.released.is_set()  # it still waits, holding its event set and session
     # An event ends that wait: the thread delivers nothing more, frees its event set and ends
     # its NVML session, long before the 5 s are up.
-    sim.inject_xid(2, 48)
+    inject_xid(sim, 2, 48)
     assert await asyncio.to_thread(watch.released.wait, 2.0)
-    assert sim.wait_until_shut_down(0)
+    assert wait_until_shut_down(sim, 0)
 
 
 async def test_a_restarted_watch_gets_events_while_the_closed_one_still_waits() -> None:
@@ -221,18 +222,18 @@ async def test_a_restarted_watch_gets_events_while_the_closed_one_still_waits() 
     async with NvmlEventWatch(sim, inventory, wait_ms=5000) as first:
         pass
     async with NvmlEventWatch(sim, inventory, wait_ms=5000) as second:
-        sim.inject_xid(3, 48)
+        inject_xid(sim, 3, 48)
         assert await asyncio.wait_for(anext(second), 1.0) == NvmlEvent(inventory.gpus[3].uuid, 48)
     assert await asyncio.to_thread(first.released.wait, 2.0)  # the same Xid ended its wait
-    sim.inject_xid(0, 48)
+    inject_xid(sim, 0, 48)
     assert await asyncio.to_thread(second.released.wait, 2.0)
-    assert sim.wait_until_shut_down(0)
+    assert wait_until_shut_down(sim, 0)
 
 
 async def test_a_gpu_lost_before_the_watch_starts_is_listed_as_unwatched() -> None:
     sim = SimulatedNvml.from_preset("t4x4")
     inventory = discover(sim)
-    sim.set_lost(1)
+    set_lost(sim, 1)
     async with NvmlEventWatch(sim, inventory, wait_ms=50) as watch:
         assert watch.unwatched == [inventory.gpus[1].uuid]
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from support.observe import reset_gpu, set_lost
 
 from sharing_plugin.errors import GpuLostError, NvmlError
 from sharing_plugin.gpus.inventory import MigPlacement
@@ -77,7 +78,7 @@ def test_mig_calls_on_a_mig_disabled_gpu_are_not_supported() -> None:
 
 def test_a_lost_gpu_answers_gpu_is_lost() -> None:
     sim = SimulatedNvml.from_preset("a100-mig-mixed")
-    sim.set_lost(0)
+    set_lost(sim, 0)
     with pytest.raises(GpuLostError):
         destroy_mig_device(sim, sim.gpus[0].uuid, gi_id=1, ci_id=0)
 
@@ -96,7 +97,7 @@ def test_mig_mode_can_stay_pending_until_a_reset() -> None:
     assert (state.current, state.pending, state.reset_required) == (False, True, True)
     gpu = discover(sim).gpus[1]
     assert (gpu.mig_enabled, gpu.mig_pending) == (False, True)
-    sim.reset_gpu(1)
+    reset_gpu(sim, 1)
     assert discover(sim).gpus[1].mig_enabled
 
 

@@ -14,6 +14,7 @@ from typing import Any
 import pynvml
 import pytest
 import yaml_fast
+from support.observe import set_lost, wait_until_shut_down
 
 from sharing_plugin.gpus.inventory import Inventory
 from sharing_plugin.nvml.discover import discover
@@ -250,14 +251,14 @@ def test_a_lost_gpu_is_a_problem_and_the_others_are_still_read(tmp_path: Path) -
         node(tmp_path, processes=[{"gpu": 0, "pid": 1}, {"gpu": 1, "pid": 2}])
     )
     inventory = discover(nvml)
-    nvml.set_lost(0)
+    set_lost(nvml, 0)
     reader = ProcessReader(nvml)
     usage = reader.read(inventory)
     reader.close()
     assert [p.pid for p in usage.processes] == [2]
     (problem,) = usage.problems
     assert "NVML_ERROR_GPU_IS_LOST" in problem
-    assert nvml.wait_until_shut_down(1.0)
+    assert wait_until_shut_down(nvml, 1.0)
 
 
 @pytest.mark.parametrize(

@@ -22,6 +22,7 @@ from dra_harness import NODE, dra_running
 from kube_api import FakeKubeApi
 from plugin_process import PluginProcess
 from support.dra.kubelet import DraKubeletSimulator
+from support.observe import next_rejected
 
 from sharing_plugin.daemon.node.outcome import Rejected
 from sharing_plugin.sources.kube import client_from_kubeconfig
@@ -77,7 +78,7 @@ async def test_a_rejected_configs_error_stays_through_node_updates_and_api_troub
     async with started(short_dir, SHARED) as (api, run):
         with run.daemon.pipeline.outcomes() as outcomes:
             run.write(BROKEN)
-            rejected = await outcomes.rejected()
+            rejected = await next_rejected(outcomes)
         assert isinstance(rejected, Rejected)
         error = run.daemon.status.last_error
         assert error is not None and "replicas: must be >= 1 (got 0)" in error
@@ -92,6 +93,7 @@ async def test_a_rejected_configs_error_stays_through_node_updates_and_api_troub
         assert run.daemon.status.last_error == error
 
 
+@pytest.mark.subprocess
 async def test_run_dra_publishes_the_gpus_once_the_driver_answers(short_dir: Path) -> None:
     node = short_dir / "node.yaml"
     node.write_text(yaml_fast.dump({"gpus": [{"product": "Tesla T4", "count": 2}]}))

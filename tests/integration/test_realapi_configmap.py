@@ -27,15 +27,19 @@ from realapi_support import (
     identity,
     observed,
     open_watches,
-    sliced,
     until,
     until_watching,
 )
+from support.configs import sliced
 
 from sharing_plugin.sources.apiconfig import ApiConfigSource
 from sharing_plugin.sources.kube import client_from_kubeconfig
 
-pytestmark = pytest.mark.skipif(not realapi.AVAILABLE, reason=realapi.SKIP_REASON)
+pytestmark = [
+    pytest.mark.skipif(not realapi.AVAILABLE, reason=realapi.SKIP_REASON),
+    pytest.mark.kubectl,
+    pytest.mark.realtools,
+]
 
 CM = "plugin-config"
 LABEL = "nvidia.com/device-plugin.config"

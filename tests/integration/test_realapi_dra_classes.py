@@ -28,7 +28,10 @@ from sharing_plugin.sim.nvml.simulated import SimulatedNvml
 from sharing_plugin.views.dra import dra_documents
 from sharing_plugin.views.dra_api import V1, device_class
 
-pytestmark = pytest.mark.skipif(not realapi.AVAILABLE, reason=realapi.SKIP_REASON)
+pytestmark = [
+    pytest.mark.skipif(not realapi.AVAILABLE, reason=realapi.SKIP_REASON),
+    pytest.mark.realtools,
+]
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = sorted((ROOT / "config" / "examples").glob("*.yaml"))

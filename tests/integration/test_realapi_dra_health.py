@@ -21,7 +21,10 @@ from sharing_plugin.views.dra import dra_devices, pool_devices
 from sharing_plugin.views.dra_api import V1, resource_slices
 from sharing_plugin.views.dra_health import health_taints
 
-pytestmark = pytest.mark.skipif(not realapi.AVAILABLE, reason=realapi.SKIP_REASON)
+pytestmark = [
+    pytest.mark.skipif(not realapi.AVAILABLE, reason=realapi.SKIP_REASON),
+    pytest.mark.realtools,
+]
 
 DRIVER = "gpu.sharing-plugin.io"
 

@@ -24,7 +24,11 @@ from sharing_plugin.nvml.discover import discover
 from sharing_plugin.plan.node import plan_node
 from sharing_plugin.views.dra import dra_documents
 
-pytestmark = pytest.mark.skipif(not realapi.AVAILABLE, reason=realapi.SKIP_REASON)
+pytestmark = [
+    pytest.mark.skipif(not realapi.AVAILABLE, reason=realapi.SKIP_REASON),
+    pytest.mark.kubectl,
+    pytest.mark.realtools,
+]
 
 DRIVER = "gpu.sharing-plugin.io"
 

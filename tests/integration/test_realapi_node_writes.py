@@ -28,7 +28,11 @@ from sharing_plugin.gpus.catalog import MODELS
 from sharing_plugin.observability.nodestatus import NodeStatusReporter
 from sharing_plugin.sources.kube import client_from_kubeconfig
 
-pytestmark = pytest.mark.skipif(not realapi.AVAILABLE, reason=realapi.SKIP_REASON)
+pytestmark = [
+    pytest.mark.skipif(not realapi.AVAILABLE, reason=realapi.SKIP_REASON),
+    pytest.mark.kubectl,
+    pytest.mark.realtools,
+]
 
 PRESETS = sorted(
     p.stem for p in (Path(__file__).parents[2] / "sharing_plugin/sim/nvml/presets").glob("*.yaml")

@@ -19,7 +19,11 @@ from cli_capture import cli
 
 from sharing_plugin.sim.nvml.node import preset_names
 
-pytestmark = pytest.mark.skipif(not realapi.AVAILABLE, reason=realapi.SKIP_REASON)
+pytestmark = [
+    pytest.mark.skipif(not realapi.AVAILABLE, reason=realapi.SKIP_REASON),
+    pytest.mark.kubectl,
+    pytest.mark.realtools,
+]
 
 EXAMPLES = sorted((Path(__file__).resolve().parents[2] / "config" / "examples").glob("*.yaml"))
 

@@ -31,8 +31,8 @@ from realapi_support import (
     identity,
     observed,
     rules,
-    sliced,
 )
+from support.configs import sliced
 from test_deploy_rbac import options_from
 
 from sharing_plugin.sources.kube import client_from_kubeconfig
@@ -40,6 +40,8 @@ from sharing_plugin.sources.kube import client_from_kubeconfig
 pytestmark = [
     pytest.mark.skipif(not realapi.AVAILABLE, reason=realapi.SKIP_REASON),
     pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl is not installed"),
+    pytest.mark.kubectl,
+    pytest.mark.realtools,
 ]
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"

@@ -17,6 +17,7 @@ import pytest
 from cli_capture import cli
 from daemon_harness import Running, eventually, run_options, running
 from k8s_fake import ConfigMapVolume
+from support.observe import next_applied
 
 from sharing_plugin.backends import backend_from_spec
 from sharing_plugin.config.loader import parse_configs
@@ -100,7 +101,7 @@ async def test_empty_config_directory_at_start_serves_nothing_until_fixed(short_
         assert run.daemon.supervisor.advertised is None
         with run.daemon.pipeline.outcomes() as outcomes:
             (config / "default").write_text(SLICED)
-            await outcomes.applied()
+            await next_applied(outcomes)
         await run.kubelet.wait_for(lambda: run.kubelet.capacity(GPU) == 16, timeout=5)
 
 

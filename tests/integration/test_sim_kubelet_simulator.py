@@ -8,6 +8,7 @@ from pathlib import Path
 import grpc
 import pytest
 from fake_device_plugin import FakeDevicePlugin, devices
+from support.observe import numa_nodes
 
 from sharing_plugin.sim.kubelet.endpoint import is_extended_resource_name
 from sharing_plugin.sim.kubelet.simulator import KubeletSimulator
@@ -35,7 +36,7 @@ async def test_registration_dials_back_and_each_list_replaces_the_devices(
         assert (registration.resource, registration.endpoint) == (GPU, "fake.sock")
         # The RegisterRequest said nothing; the options come from GetDevicePluginOptions.
         assert registration.options.get_preferred_allocation_available
-        assert kubelet.numa_nodes(GPU)["a"] == (1,)
+        assert numa_nodes(kubelet, GPU)["a"] == (1,)
 
         # Health is "Healthy" by exact match: any other spelling counts as unhealthy.
         plugin.push(devices(["a"]) + devices(["e"], health="healthy"))

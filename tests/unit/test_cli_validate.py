@@ -276,6 +276,7 @@ def test_yaml_error_in_a_later_document_is_at_its_stream_line(
     )
 
 
+@pytest.mark.kubectl
 @pytest.mark.skipif(not HAS_KUBECTL, reason="kubectl is not installed")
 def test_kustomize_output_on_stdin_validates(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]

@@ -2,6 +2,7 @@ import asyncio
 import logging
 
 import pytest
+from support.observe import tasks
 
 from sharing_plugin.kit.tasks import TaskOwner, TasksStuckError
 
@@ -18,7 +19,7 @@ async def test_close_cancels_every_task() -> None:
     await started.wait()
     await owner.close()
     assert task.cancelled()
-    assert not owner.tasks
+    assert not tasks(owner)
 
 
 async def test_failure_and_early_end_of_eternal_task_are_logged(

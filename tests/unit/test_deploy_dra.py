@@ -25,7 +25,10 @@ ROOT = Path(__file__).resolve().parents[2]
 DRA = ROOT / "deploy" / "dra"
 DRIVER = "gpu.sharing-plugin.io"
 
-pytestmark = pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl is not installed")
+pytestmark = [
+    pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl is not installed"),
+    pytest.mark.kubectl,
+]
 
 
 @pytest.fixture(scope="module")

@@ -22,7 +22,10 @@ DRA = ROOT / "deploy" / "dra"
 COMPONENT = DRA / "components" / "mps"
 MPS_ENV_VARS = {flag[1] for flag in MPS_FLAGS}
 
-pytestmark = pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl not installed")
+pytestmark = [
+    pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl not installed"),
+    pytest.mark.kubectl,
+]
 
 
 def pod() -> dict[str, Any]:

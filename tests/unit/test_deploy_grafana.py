@@ -52,7 +52,9 @@ def queries(dashboard: dict[str, Any]) -> list[str]:
 def test_every_query_names_only_metrics_the_plugin_exports() -> None:
     dashboard = json.loads(DASHBOARD.read_text())
     known = exported()
-    for expr in queries(dashboard):
+    asked = queries(dashboard)
+    assert asked, "the dashboard queries nothing"
+    for expr in asked:
         named = set(_NAME.findall(expr))
         assert named, f"no plugin metric in {expr!r}"
         assert named <= known, f"{expr!r}: not exported: {sorted(named - known)}"

@@ -235,6 +235,7 @@ def kubelet_paths(pod: dict[str, Any]) -> dict[str, str]:
     return found
 
 
+@pytest.mark.kubectl
 @needs_kubectl
 def test_kustomize_builds() -> None:
     docs = kustomize(DEPLOY)
@@ -274,6 +275,7 @@ def test_the_components_are_the_documented_ones() -> None:
     assert all(f"components/{name}" in documented for name in on_disk)
 
 
+@pytest.mark.kubectl
 @needs_kubectl
 def test_usage_component_mounts_the_host_proc_read_only_and_points_proc_root_there(
     tmp_path: Path,
@@ -295,6 +297,7 @@ def test_usage_component_mounts_the_host_proc_read_only_and_points_proc_root_the
     assert all("pods" not in str(d["rules"]) for d in base)  # only with the component
 
 
+@pytest.mark.kubectl
 @needs_kubectl
 def test_memory_limits_component_gives_the_plugin_the_cdi_dir_and_the_hook_at_host_paths(
     tmp_path: Path,
@@ -320,6 +323,7 @@ def test_runtime_class_component(tmp_path: Path) -> None:
     )
 
 
+@pytest.mark.kubectl
 @needs_kubectl
 def test_kubelet_dir_component_moves_the_env_and_every_path(tmp_path: Path) -> None:
     base = kubelet_paths(rendered_pod(kustomize(DEPLOY)))
@@ -338,6 +342,7 @@ def test_kubelet_dir_component_moves_the_env_and_every_path(tmp_path: Path) -> N
     assert "/var/lib/kubelet" not in yaml.safe_dump(docs)
 
 
+@pytest.mark.kubectl
 @needs_kubectl
 def test_image_component(tmp_path: Path) -> None:
     (container,) = rendered_pod(with_components(tmp_path, "image"))["containers"]
@@ -352,6 +357,7 @@ def rendered_env(docs: list[dict[str, Any]]) -> dict[str, Any]:
 NFD_FEATURES = "/etc/kubernetes/node-feature-discovery/features.d"
 
 
+@pytest.mark.kubectl
 @needs_kubectl
 def test_labels_component_writes_the_nfd_feature_file(tmp_path: Path) -> None:
     docs = with_components(tmp_path, "labels")
@@ -368,6 +374,7 @@ def test_labels_component_writes_the_nfd_feature_file(tmp_path: Path) -> None:
     assert "NODE_LABELS" not in rendered_env(docs)
 
 
+@pytest.mark.kubectl
 @needs_kubectl
 def test_node_labels_component_turns_node_labels_on(tmp_path: Path) -> None:
     docs = with_components(tmp_path, "node-labels")
@@ -377,6 +384,7 @@ def test_node_labels_component_turns_node_labels_on(tmp_path: Path) -> None:
     assert {d["kind"]: d for d in docs if d["kind"] in ("ClusterRole", "Role")} == base
 
 
+@pytest.mark.kubectl
 @needs_kubectl
 def test_no_api_component_reads_the_mounted_copy_only(tmp_path: Path) -> None:
     docs = with_components(tmp_path, "no-api")
@@ -389,6 +397,7 @@ def test_no_api_component_reads_the_mounted_copy_only(tmp_path: Path) -> None:
     assert "ClusterRole" in kinds and "ConfigMap" in kinds
 
 
+@pytest.mark.kubectl
 @needs_kubectl
 def test_components_combine(tmp_path: Path) -> None:
     docs = with_components(

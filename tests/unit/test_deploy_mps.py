@@ -21,7 +21,10 @@ DEPLOY = ROOT / "deploy"
 COMPONENT = DEPLOY / "components" / "mps"
 MPS_ENV_VARS = {env for _, env, _, _ in FLAGS}
 
-pytestmark = pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl not installed")
+pytestmark = [
+    pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl not installed"),
+    pytest.mark.kubectl,
+]
 
 
 def rendered(tmp_path: Path, *components: Path) -> dict[str, Any]:

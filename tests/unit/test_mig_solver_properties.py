@@ -22,6 +22,8 @@ from sharing_plugin.mig import (
     validate_layout,
 )
 
+pytestmark = pytest.mark.exhaustive
+
 MIG_MODELS = [m for m in MODELS if m.mig is not None]
 
 

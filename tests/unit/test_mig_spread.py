@@ -115,6 +115,7 @@ def _node(draw: st.DrawFn) -> tuple[GpuModel, list[tuple[tuple[str, int], ...]]]
     return model, gpus
 
 
+@pytest.mark.exhaustive
 @settings(max_examples=150, deadline=None)
 @given(_node())
 def test_devices_a_node_holds_are_spread_onto_the_fewest_gpus_each_placed_by_the_solver(
@@ -143,6 +144,7 @@ def _counts(draw: st.DrawFn) -> tuple[GpuModel, Counter[str], int]:
     return model, counts, draw(st.integers(1, 3))
 
 
+@pytest.mark.exhaustive
 @settings(max_examples=150, deadline=None)
 @given(_counts())
 def test_a_split_is_found_exactly_when_one_exists(

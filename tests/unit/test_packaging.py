@@ -304,6 +304,7 @@ def _tracked() -> set[str] | None:
 NOT_SHIPPED = {".gitignore"}
 
 
+@pytest.mark.subprocess
 def test_the_sdist_carries_every_file_of_the_repository(sdist: tuple[set[str], str]) -> None:
     names, _ = sdist
     expected = {
@@ -328,6 +329,7 @@ def test_the_sdist_carries_every_file_of_the_repository(sdist: tuple[set[str], s
     assert sorted(expected - names) == []
 
 
+@pytest.mark.subprocess
 def test_the_sdist_has_no_build_leftovers(sdist: tuple[set[str], str]) -> None:
     names, _ = sdist
     junk = [
@@ -340,6 +342,7 @@ def test_the_sdist_has_no_build_leftovers(sdist: tuple[set[str], str]) -> None:
     assert junk == []
 
 
+@pytest.mark.subprocess
 def test_the_metadata_names_the_license_classifiers_and_dependencies(
     sdist: tuple[set[str], str],
 ) -> None:

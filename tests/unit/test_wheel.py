@@ -19,6 +19,8 @@ from pathlib import Path, PurePosixPath
 
 import pytest
 
+pytestmark = pytest.mark.subprocess
+
 ROOT = Path(__file__).resolve().parents[2]
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
 # What the build reads besides the package: pyproject.toml names the readme and license files.

@@ -12,9 +12,8 @@ the daemon's state.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TypeVar
 
 from sharing_plugin.config.loader import LoadedConfig
 from sharing_plugin.config.model import Config
@@ -88,7 +87,6 @@ class Rejected:
 
 
 Outcome = Applied | Rejected
-_O = TypeVar("_O", Applied, Rejected)
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,27 +111,3 @@ class Outcomes:
         """The next outcome; TimeoutError if none comes within `timeout` seconds."""
         async with asyncio.timeout(timeout):
             return await self._queue.get()
-
-    async def until(
-        self,
-        predicate: Callable[[Outcome], bool],
-        timeout: float = 5.0,  # noqa: ASYNC109
-    ) -> Outcome:
-        """The first outcome that satisfies `predicate` (earlier ones are passed over)."""
-        async with asyncio.timeout(timeout):
-            while not predicate(outcome := await self._queue.get()):
-                pass
-            return outcome
-
-    async def applied(self, timeout: float = 5.0) -> Applied:  # noqa: ASYNC109
-        """The next `Applied` (rejections on the way are passed over)."""
-        return await self._next_of(Applied, timeout)
-
-    async def rejected(self, timeout: float = 5.0) -> Rejected:  # noqa: ASYNC109
-        """The next `Rejected` (applied configs on the way are passed over)."""
-        return await self._next_of(Rejected, timeout)
-
-    async def _next_of(self, kind: type[_O], timeout: float) -> _O:  # noqa: ASYNC109
-        outcome = await self.until(lambda o: isinstance(o, kind), timeout)
-        assert isinstance(outcome, kind)
-        return outcome

@@ -35,7 +35,6 @@ from sharing_plugin.config.model import Config
 from sharing_plugin.daemon.node.consumer import NO_FEATURES, Checked, PipelineFeatures, PlanConsumer
 from sharing_plugin.daemon.node.discovery import GpuDiscovery
 from sharing_plugin.daemon.node.gpu_health import NodeHealth
-from sharing_plugin.daemon.node.health_monitor import HealthMonitor
 from sharing_plugin.daemon.node.kube import ConfigFeed, config_feed
 from sharing_plugin.daemon.node.layouts import MigLayouts
 from sharing_plugin.daemon.node.mig import MigReconciler
@@ -224,11 +223,6 @@ class NodePipeline(Generic[Checked]):
     def faults(self) -> Mapping[str, Fault]:
         """GPU and MIG UUID -> why it is Unhealthy, for the Unhealthy ones of `health`."""
         return self._health.faults
-
-    @property
-    def health_monitor(self) -> HealthMonitor | None:
-        """The GPU health monitor, once a config with GPUs has been applied."""
-        return self._health.monitor
 
     @contextlib.contextmanager
     def outcomes(self) -> Iterator[Outcomes]:

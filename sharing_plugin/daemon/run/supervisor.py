@@ -86,15 +86,6 @@ class Supervisor:
         """What kubelet is being told now, draining devices included."""
         return self._advertised
 
-    @property
-    def servers(self) -> Mapping[str, ResourceServer]:
-        return dict(self._servers)
-
-    def unconfirmed_grants(self) -> dict[str, frozenset[str]]:
-        """Per resource, IDs Allocate granted that PodResources has not shown yet (counted as
-        held meanwhile)."""
-        return {r: frozenset(d.id for d in ds) for r, ds in self._grants.outstanding().items()}
-
     def own_sockets(self) -> list[Path]:
         return [s.socket_path for s in self._servers.values() if s.socket_path is not None]
 

@@ -70,6 +70,8 @@ class PoolKeeper:
         """The node `state` was computed from."""
         self._dirty = asyncio.Event()
         self._force = False
+        # Notified after each publish, for an observer to wait on; the keeper waits on nothing
+        # of its own here.
         self._published = asyncio.Condition()
         self._counter_sets: dict[str, CounterSet] = {}  # last published, by name
 
@@ -195,23 +197,6 @@ class PoolKeeper:
             self._update_status()
             async with self._published:
                 self._published.notify_all()
-
-    async def wait_published(
-        self,
-        predicate: Callable[[tuple[PublishedDevice, ...]], bool],
-        timeout: float = 5.0,  # noqa: ASYNC109
-    ) -> tuple[PublishedDevice, ...]:
-        """What was published, once it satisfies `predicate` (TimeoutError otherwise)."""
-
-        def done() -> bool:
-            published = self.publisher.published
-            return published is not None and predicate(published)
-
-        async with asyncio.timeout(timeout), self._published:
-            await self._published.wait_for(done)
-        published = self.publisher.published
-        assert published is not None
-        return published
 
     def _report_health(self) -> None:
         if self._health is None:

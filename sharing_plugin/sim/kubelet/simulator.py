@@ -103,8 +103,8 @@ class KubeletSimulator(Service):
         # Kubelet-style log lines of what happened (registrations, refusals, stream ends).
         self.events: list[str] = []
         self._resources: dict[str, ResourceDevices] = {}
-        # ListAndWatch messages received per resource, over every stream (tests assert that an
-        # unchanged resource gets none on reload).
+        # ListAndWatch messages received per resource, over every stream, for an observer to
+        # count (an unchanged resource gets none on reload).
         self._messages: dict[str, int] = {}
         self._grace_timers: dict[str, asyncio.TimerHandle] = {}
         self._waiters: set[asyncio.Future[None]] = set()
@@ -283,10 +283,6 @@ class KubeletSimulator(Service):
         """Every resource name kubelet has heard of, in registration order."""
         return list(self._resources)
 
-    def messages(self, resource: str) -> int:
-        """How many ListAndWatch messages kubelet has received for `resource` so far."""
-        return self._messages.get(resource, 0)
-
     def capacity(self, resource: str) -> int:
         state = self._resources.get(resource)
         return len(state.health) if state else 0
@@ -299,10 +295,6 @@ class KubeletSimulator(Service):
         """Device ID -> health string as last advertised (in the plugin's order)."""
         state = self._resources.get(resource)
         return dict(state.health) if state else {}
-
-    def numa_nodes(self, resource: str) -> dict[str, tuple[int, ...]]:
-        state = self._resources.get(resource)
-        return dict(state.numa) if state else {}
 
     def options(self, resource: str) -> dp.DevicePluginOptions | None:
         """Options of the live endpoint for `resource`, or None when none is connected."""

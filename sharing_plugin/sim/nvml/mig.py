@@ -128,11 +128,6 @@ class SimMigOps:
         self._record("set_mig_mode", gpu, None, None, pynvml.NVML_SUCCESS)
         return int(pynvml.NVML_SUCCESS)
 
-    def reset_gpu(self, index: int) -> None:
-        """What ``nvidia-smi -r`` does here: a pending MIG mode becomes current."""
-        gpu = self.gpus[index]
-        gpu.mig_current = gpu.mig_pending
-
     # ---- MIG devices ----
 
     def nvmlDeviceGetMaxMigDeviceCount(self, handle: object) -> int:

@@ -16,7 +16,7 @@ import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import pynvml
 
@@ -100,6 +100,7 @@ class SimulatedNvml(SimMigOps, SimMemoryLimits):
         )
         self.warnings: tuple[str, ...] = tuple(warnings)
         self._lock = threading.Lock()
+        # Notified when the last nvmlInit has had its nvmlShutdown, for an observer to wait on.
         self._shut_down = threading.Condition(self._lock)
         self._event_sets: list[SimEventSet] = []
         self._node_path = node.path
@@ -140,22 +141,6 @@ class SimulatedNvml(SimMigOps, SimMemoryLimits):
             self._emit(gpu, 0, NO_ID, NO_ID, event_type=_ECC_EVENT_TYPE[fault.ecc])
             return
         self._emit(gpu, fault.xid or 0, gi_id, ci_id)
-
-    def inject_xid(self, gpu: int | str, xid: int) -> None:
-        self.inject(Fault(gpu=gpu, xid=xid))
-
-    def inject_ecc(self, gpu: int | str, kind: Literal["double", "single"] = "double") -> None:
-        """One ECC error event on `gpu` (index or UUID; a MIG UUID names its GPU)."""
-        self.inject(Fault(gpu=gpu, ecc=kind))
-
-    def set_lost(self, gpu: int | str, lost: bool = True) -> None:
-        self.inject(Fault(gpu=gpu, lost=lost))
-
-    def wait_until_shut_down(self, timeout: float) -> bool:
-        """Wait until every nvmlInit has had its nvmlShutdown; False if `timeout` s passed
-        first. A closed event watch ends its session only when its current wait returns."""
-        with self._shut_down:
-            return self._shut_down.wait_for(lambda: self._init_count == 0, timeout)
 
     def _set_lost(self, fault: Fault) -> None:
         target = self._resolve_fault_target(fault.gpu)

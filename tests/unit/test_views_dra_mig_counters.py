@@ -74,6 +74,7 @@ def allowed_sets(model: GpuModel) -> list[tuple[int, ...]]:
     return found
 
 
+@pytest.mark.exhaustive
 @pytest.mark.parametrize("model", MIG_MODELS, ids=lambda m: m.display_name)
 def test_the_counters_allow_exactly_what_the_solver_allows(model: GpuModel) -> None:
     table = slots(model)
@@ -95,6 +96,7 @@ def test_the_counters_allow_exactly_what_the_solver_allows(model: GpuModel) -> N
         assert not solver_allows(model, [table[i] for i in refused]), refused
 
 
+@pytest.mark.exhaustive
 @pytest.mark.parametrize("model", MIG_MODELS, ids=lambda m: m.display_name)
 @settings(max_examples=100, deadline=None)
 @given(data=st.data())
