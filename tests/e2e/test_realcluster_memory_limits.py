@@ -14,6 +14,8 @@ from realcluster_support import GPU, on_node
 from support.cdi_schema import cdi_problems
 
 pytestmark = [
+    pytest.mark.realtools,
+    pytest.mark.kubectl,
     pytest.mark.skipif(not realcluster.AVAILABLE, reason=realcluster.SKIP_REASON),
     pytest.mark.timeout(300),  # the kubelet writes allocatable every 10 s; others may hold it
 ]

@@ -21,6 +21,8 @@ from sharing_plugin.nvml.discover import discover
 from sharing_plugin.plan import ResourcePlan, plan
 
 pytestmark = [
+    pytest.mark.realtools,
+    pytest.mark.kubectl,
     pytest.mark.skipif(not realcluster.AVAILABLE, reason=realcluster.SKIP_REASON),
     # The kubelet writes the Node's allocatable every 10 s, a test waits for several of them,
     # and for the tests of other workers before it (one holds the cluster at a time).

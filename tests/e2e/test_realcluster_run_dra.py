@@ -16,6 +16,8 @@ from realapi_support import observed
 from realcluster_support import DEPLOY_DRA, DRIVER, SLICE, OnNode, on_node, sliced
 
 pytestmark = [
+    pytest.mark.realtools,
+    pytest.mark.kubectl,
     pytest.mark.skipif(not realcluster.AVAILABLE, reason=realcluster.SKIP_REASON),
     pytest.mark.timeout(300),
 ]

@@ -12,10 +12,13 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
+import pytest
 from dra_harness import NODE
 from kube_api import FakeKubeApi
 from plugin_process import PluginProcess
 from support.dra.kubelet import DraKubeletSimulator
+
+pytestmark = pytest.mark.subprocess  # starts the plugin or a stand-in as a process
 
 CONFIG = "version: v1\n"
 GPUS = "simulated:t4x4"

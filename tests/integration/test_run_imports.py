@@ -13,9 +13,12 @@ import signal
 import sys
 from pathlib import Path
 
+import pytest
 from plugin_process import child_env
 
 from sharing_plugin.sim.kubelet.simulator import KubeletSimulator
+
+pytestmark = pytest.mark.subprocess  # the run under test is a fresh interpreter
 
 GPU = "nvidia.com/gpu"
 CONFIG = (

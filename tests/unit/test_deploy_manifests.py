@@ -316,6 +316,7 @@ def test_memory_limits_component_gives_the_plugin_the_cdi_dir_and_the_hook_at_ho
     assert not mounts[cdi].get("readOnly", False)
 
 
+@pytest.mark.kubectl
 @needs_kubectl
 def test_runtime_class_component(tmp_path: Path) -> None:
     assert rendered_pod(with_components(tmp_path, "runtime-class-nvidia"))["runtimeClassName"] == (
