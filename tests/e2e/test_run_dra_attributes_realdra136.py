@@ -6,8 +6,8 @@ The plugin runs as `--driver-name gpu.nvidia.com` (a cluster without NVIDIA's dr
 CEL expressions below are written as for NVIDIA's driver, unchanged: by architecture, by
 compute capability compared as a version (CEL's Kubernetes semver library compares with
 `compareTo`, `isGreaterThan` and `isLessThan`: `>=` between versions does not compile), and two
-GPUs aligned on one PCIe root complex through the standard attribute. The node mixes architectures and interleaves root complexes, so each
-claim has a wrong device to refuse first.
+GPUs aligned on one PCIe root complex through the standard attribute. The node mixes
+architectures and interleaves root complexes, so each claim has a wrong device to refuse first.
 """
 
 from __future__ import annotations
