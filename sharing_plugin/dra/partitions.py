@@ -145,7 +145,7 @@ def _given(placement: Placement, mig: MigDevice) -> DraDevice:
         resource=placement.resource,
         sharing="none",
         device=mig_virtual_device(placement.gpu, mig),
-        product=placement.gpu.product,
+        facts=placement.facts,
         gpu_index=placement.gpu.index,
         mig_profile=placement.spec.name,
         memory_mib=mig.memory_mib or placement.spec.memory_mib,

@@ -7,6 +7,7 @@ time and travels separately, keyed by device UUID.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import NewType
@@ -16,6 +17,18 @@ GpuUuid = NewType("GpuUuid", str)
 
 MigUuid = NewType("MigUuid", str)
 """A MIG device's UUID as NVML reports it: ``MIG-xxxxxxxx-xxxx-...``."""
+
+
+_BDF = re.compile(r"[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-9a-f]")
+
+
+def extended_bdf(nvml_bus_id: str) -> str | None:
+    """NVML's bus ID (`00000000:07:00.0`: an 8-digit domain, upper case) in the extended BDF
+    notation of sysfs and Kubernetes' standard attributes (`0000:07:00.0`); None for neither."""
+    text = nvml_bus_id.strip().lower()
+    if len(text) == 16 and text.startswith("0000"):
+        text = text[4:]
+    return text if _BDF.fullmatch(text) else None
 
 
 class Topology(IntEnum):
@@ -79,6 +92,9 @@ class Gpu:
     mig_devices: tuple[MigDevice, ...] = ()
     healthy_at_discovery: bool = True  # False when the GPU did not answer while being discovered
     problem: str | None = None  # why it is unhealthy at discovery, in NVML's words
+    architecture: str = ""  # e.g. "Hopper", as NVIDIA's tools name nvmlDeviceGetArchitecture
+    brand: str = ""  # e.g. "Nvidia", "Tesla": nvmlDeviceGetBrand as NVIDIA's tools name it
+    pcie_root: str | None = None  # the PCIe root complex, `pci<domain>:<bus>`, from sysfs
 
 
 @dataclass(frozen=True, slots=True)

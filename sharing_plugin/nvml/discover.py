@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 from contextlib import suppress
+from dataclasses import replace
 from itertools import combinations
 
 from sharing_plugin.errors import NvmlError
@@ -24,9 +25,11 @@ from sharing_plugin.gpus.inventory import (
     MigPlacement,
     MigUuid,
     Topology,
+    extended_bdf,
 )
 from sharing_plugin.nvml.api import DeviceHandle, GpuInstanceProfileInfo, NvmlApi
 from sharing_plugin.nvml.calls import is_code, nvml_errors, nvml_session, text
+from sharing_plugin.nvml.identity import PcieRoots, architecture, brand, pcie_roots_for
 
 log = logging.getLogger(__name__)
 
@@ -80,6 +83,7 @@ def _discover(nvml: NvmlApi, *, fail_on_init_error: bool) -> Inventory:
             warnings.append(f"{exc}: GPU {index} is reported unhealthy")
         gpus.append(gpu)
     links = _links(nvml, gpus, handles)
+    gpus = _with_pcie_roots(gpus, pcie_roots_for(nvml))
     return Inventory(
         gpus=tuple(gpus),
         links=links,
@@ -100,6 +104,9 @@ def _read_gpu(nvml: NvmlApi, index: int, handle: DeviceHandle) -> Gpu:
         major, minor_cc = nvml.nvmlDeviceGetCudaComputeCapability(handle)
     where = f"GPU {index} ({uuid})"
     numa = _numa_node(nvml, handle, where)
+    capability = (int(major), int(minor_cc))
+    arch = architecture(nvml, handle, capability, where)
+    made_by = brand(nvml, handle, where)
     capable, current, pending = _mig_mode(nvml, handle, where)
     mig_devices: tuple[MigDevice, ...] = ()
     if current:
@@ -114,12 +121,24 @@ def _read_gpu(nvml: NvmlApi, index: int, handle: DeviceHandle) -> Gpu:
         minor=minor,
         pci_bus_id=bus_id,
         numa_node=numa,
-        compute_capability=(int(major), int(minor_cc)),
+        compute_capability=capability,
         mig_capable=capable,
         mig_enabled=current,
         mig_pending=pending,
         mig_devices=mig_devices,
+        architecture=arch,
+        brand=made_by,
     )
+
+
+def _with_pcie_roots(gpus: list[Gpu], roots: PcieRoots) -> list[Gpu]:
+    """The GPUs with the root complex above each, where it can be told."""
+    found = []
+    for gpu in gpus:
+        bus = extended_bdf(gpu.pci_bus_id)
+        root = roots.pcie_root(bus) if bus else None
+        found.append(replace(gpu, pcie_root=root) if root else gpu)
+    return found
 
 
 def _unanswered_gpu(nvml: NvmlApi, index: int, problem: str) -> Gpu:

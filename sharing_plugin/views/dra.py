@@ -13,11 +13,10 @@ MIG device) appears is the config's `dra.sharedDevices`:
   capacity (Kubernetes 1.32-1.33, or servers that do not keep the capacity fields).
 
 What a device is travels as attributes the scheduler's CEL selectors read (docs/contract.md,
-"DRA mode"):
+"DRA mode"): ours, and those NVIDIA's DRA driver publishes (see the attributes' own module):
 
     resource     string  the config's resource name, e.g. nvidia.com/gpu.shared
     uuid         string  the physical GPU or MIG device behind it
-    productName  string  the GPU's product as NVML names it
     sharing      string  none | time-slicing | mps
     index        int     the GPU's index
     migProfile   string  MIG devices only, e.g. 1g.10gb
@@ -49,12 +48,12 @@ from sharing_plugin.views.dra_api import (
     Capacity,
     DeviceTaint,
     PublishedDevice,
-    device_attributes,
     device_class,
     dns_label,
     memory_quantity,
     resource_slices,
 )
+from sharing_plugin.views.dra_attributes import GpuFacts, device_attributes, gpu_facts
 from sharing_plugin.views.dra_mig import dynamic_pool, placement_resources
 
 
@@ -87,7 +86,7 @@ class DraDevice:
     resource: str
     sharing: str
     device: VirtualDevice
-    product: str
+    facts: GpuFacts
     gpu_index: int
     mig_profile: str | None
     memory_mib: int
@@ -120,10 +119,11 @@ class DraDevice:
         attributes = device_attributes(
             resource=self.resource,
             uuid=self.device.physical,
-            product=self.product,
+            facts=self.facts,
             sharing=self.sharing,
             index=self.gpu_index,
             mig_profile=self.mig_profile,
+            parent_uuid=self.gpu_uuid if self.mig_profile is not None else None,
         )
         if self.shares is None and self.device.replica is not None:
             attributes["replica"] = {"int": self.device.replica}
@@ -212,7 +212,7 @@ def _dra_device(
         resource=resource.name,
         sharing=resource.sharing.value,
         device=device,
-        product=gpu.product if gpu is not None else "",
+        facts=gpu_facts(gpu, inventory),
         gpu_index=gpu.index if gpu is not None else int(device.index.split(":")[0]),
         mig_profile=mig.profile if mig is not None else None,
         memory_mib=memory,

@@ -45,7 +45,8 @@ _UNSAFE_LABEL_VALUE = re.compile(r"[^A-Za-z0-9_.-]+")
 _SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 
 Attribute = dict[str, str | int | bool]
-"""One attribute value in the API's form: {"string": ...}, {"int": ...} or {"bool": ...}."""
+"""One attribute value in the API's form: {"string": ...}, {"int": ...}, {"bool": ...} or
+{"version": ...} (semantic versioning 2.0)."""
 
 
 def _hashed(text: str, limit: int) -> str:
@@ -88,28 +89,6 @@ def quantity_mib(text: str) -> int | None:
     whole MiB, rounded down; None when it is not one."""
     found = quantity_bytes(text)
     return None if found is None else found >> 20
-
-
-def device_attributes(
-    *,
-    resource: str,
-    uuid: str,
-    product: str,
-    sharing: str,
-    index: int,
-    mig_profile: str | None = None,
-) -> dict[str, Attribute]:
-    """The attributes every device of the pool carries (docs/contract.md, "Devices")."""
-    attributes: dict[str, Attribute] = {
-        "resource": {"string": resource},
-        "uuid": {"string": uuid},
-        "productName": {"string": product[:MAX_STRING_ATTRIBUTE]},
-        "sharing": {"string": sharing},
-        "index": {"int": index},
-    }
-    if mig_profile is not None:
-        attributes["migProfile"] = {"string": mig_profile}
-    return attributes
 
 
 @dataclass(frozen=True, slots=True)

@@ -40,10 +40,10 @@ from sharing_plugin.views.dra_api import (
     CounterSet,
     DeviceTaint,
     PublishedDevice,
-    device_attributes,
     dns_label,
     memory_quantity,
 )
+from sharing_plugin.views.dra_attributes import GpuFacts, device_attributes, gpu_facts
 
 COMPUTE_SLICES = "compute-slices"
 MEDIA_EXTENSIONS = "media-extensions"
@@ -120,6 +120,7 @@ class Placement:
     spec: MigProfileSpec
     start: int
     resource: str
+    facts: GpuFacts
 
     @property
     def name(self) -> str:
@@ -141,14 +142,14 @@ class Placement:
     ) -> PublishedDevice:
         gpu = self.gpu
         return _published(
-            gpu.uuid, gpu.product, gpu.index, self.resource, self.spec, self.start, consuming, taint
+            gpu.uuid, self.facts, gpu.index, self.resource, self.spec, self.start, consuming, taint
         )
 
 
 @lru_cache(maxsize=8192)
 def _published(
     gpu_uuid: str,
-    product: str,
+    facts: GpuFacts,
     index: int,
     resource: str,
     spec: MigProfileSpec,
@@ -161,10 +162,11 @@ def _published(
     attributes = device_attributes(
         resource=resource,
         uuid=gpu_uuid,
-        product=product,
+        facts=facts,
         sharing="none",
         index=index,
         mig_profile=spec.name,
+        parent_uuid=gpu_uuid,
     )
     attributes[MIG_START] = {"int": start}
     return PublishedDevice(
@@ -314,8 +316,9 @@ def dynamic_pool(
         mig = model.mig if model is not None else None
         placements: tuple[Placement, ...] = ()
         if mig is not None and gpu.mig_enabled:
+            facts = gpu_facts(gpu, inventory)
             placements = tuple(
-                Placement(gpu, spec, start, profile_resource_name(config, spec.name))
+                Placement(gpu, spec, start, profile_resource_name(config, spec.name), facts)
                 for spec in mig.profiles
                 for start in spec.starts
             )

@@ -285,6 +285,8 @@ def test_instances_that_cannot_fit_name_the_gpu(tmp_path: Path) -> None:
 def test_demo_once_exits_0() -> None:
     done = cli("demo", "--once")
     assert done.returncode == 0, done.stdout + done.stderr
+    # A first impression without a warning: the demo's own config needs none.
+    assert "WARNING" not in done.stdout + done.stderr
     assert "NVIDIA_VISIBLE_DEVICES=" in done.stdout
     assert "nvidia.com/gpu.shared: 16" in done.stdout and "nvidia.com/gpu:        4" in done.stdout
 

@@ -59,7 +59,11 @@ def bad_names(document: dict[str, Any]) -> list[str]:
             if not label(device["name"]):
                 bad.append(f"device {device['name']!r}")
             for key in (*device["attributes"], *device["capacity"]):
-                if len(key) > 32 or not C_IDENTIFIER.fullmatch(key):
+                # A qualified name: an optional domain (a subdomain of at most 63 characters,
+                # `resource.kubernetes.io` for the standard ones), then a C identifier.
+                domain, _, name = key.rpartition("/")
+                bad_domain = bool(domain) and (len(domain) > 63 or not subdomain(domain))
+                if bad_domain or len(name) > 32 or not C_IDENTIFIER.fullmatch(name):
                     bad.append(f"{device['name']}: attribute or capacity {key!r}")
     return bad
 

@@ -27,7 +27,7 @@ async def test_demo_prints_the_node_after_each_edit_and_rejects_a_typo(short_dir
         config.write_text(config.read_text().replace("replicas: 8", "replica: 8"))
         await _printed(lines, "config rejected, the last good one keeps serving")
         rejected = next(line for line in lines if "config rejected" in line)
-        assert "config.yaml:12:9" in rejected and "did you mean 'replicas'" in rejected
+        assert "config.yaml:20:9" in rejected and "did you mean 'replicas'" in rejected
     finally:
         demo.cancel()
         with contextlib.suppress(asyncio.CancelledError):

@@ -16,6 +16,7 @@ from sharing_plugin.gpus.inventory import GpuUuid
 from sharing_plugin.plan.model import DeviceId, Plan, ResourcePlan, VirtualDevice
 from sharing_plugin.views.cdi import claim_spec
 from sharing_plugin.views.dra import DraDevice
+from sharing_plugin.views.dra_attributes import GpuFacts
 
 ROOT = Path(__file__).resolve().parents[2]
 DRA = ROOT / "deploy" / "dra"
@@ -56,7 +57,7 @@ def mps_claim_mounts(mps_root: str) -> dict[str, str]:
         resource="nvidia.com/gpu",
         sharing="mps",
         device=device,
-        product="NVIDIA A100-SXM4-80GB",
+        facts=GpuFacts("NVIDIA A100-SXM4-80GB"),
         gpu_index=0,
         mig_profile=None,
         memory_mib=81920,

@@ -65,11 +65,17 @@ def test_whole_gpu_device_name_attributes_and_memory() -> None:
     devices = published((config(), inventory))
     whole = devices["gpu-00000000-0000-4000-8000-000000000000"]
     assert attributes(whole) == {
+        "type": "gpu",
         "resource": "nvidia.com/gpu",
         "uuid": "GPU-00000000-0000-4000-8000-000000000000",
         "productName": "NVIDIA A100-SXM4-80GB",
         "sharing": "none",
         "index": 0,
+        # What the inventory knows of the GPU (no architecture, brand or driver here).
+        "cudaComputeCapability": "8.0.0",
+        "pcieBusID": "0000:01:00.0",
+        "resource.kubernetes.io/pciBusID": "0000:01:00.0",
+        "resource.kubernetes.io/numaNode": 0,
     }
     assert whole.capacity == {"memory": Capacity("80Gi")}
     assert not whole.multiple_allocations
@@ -99,12 +105,19 @@ def test_mig_devices_carry_their_profile_gpu_index_and_own_memory() -> None:
     devices = published((cfg, inventory))
     mig = devices["mig-00030001-0000-4000-8000-000000000000"]
     assert attributes(mig) == {
+        "type": "mig",
         "resource": "nvidia.com/mig-3g.40gb",
         "uuid": "MIG-00030001-0000-4000-8000-000000000000",
+        "parentUUID": "GPU-00000003-0000-4000-8000-000000000000",
         "productName": "NVIDIA A100-SXM4-80GB",
         "sharing": "none",
         "index": 3,
         "migProfile": "3g.40gb",
+        "profile": "3g.40gb",
+        "cudaComputeCapability": "8.0.0",
+        "pcieBusID": "0000:04:00.0",
+        "resource.kubernetes.io/pciBusID": "0000:04:00.0",
+        "resource.kubernetes.io/numaNode": 0,
     }
     assert mig.capacity == {"memory": Capacity(memory_quantity(40_000))}
     assert memory_quantity(40_000) == "40000Mi"

@@ -40,12 +40,24 @@ def test_an_empty_a100_has_one_device_per_placement_consuming_its_slices() -> No
     three = by_name(devices)[placement_name(GPU3.uuid, "3g.40gb", 4)]
     assert three.name == f"{GPU3.uuid.lower()}-3g-40gb-at-4"
     assert dict(three.attributes) == {
+        "type": {"string": "mig"},
         "resource": {"string": "nvidia.com/mig-3g.40gb"},
-        "uuid": {"string": GPU3.uuid},
+        "uuid": {"string": GPU3.uuid},  # no MIG device before a claim makes it: the GPU's
+        "parentUUID": {"string": GPU3.uuid},
         "productName": {"string": "NVIDIA A100-SXM4-80GB"},
+        "brand": {"string": "Nvidia"},
+        "architecture": {"string": "Ampere"},
+        "cudaComputeCapability": {"version": "8.0.0"},
+        "driverVersion": {"version": "550.54.15"},
+        "cudaDriverVersion": {"version": "12.4.0"},
+        "pcieBusID": {"string": "0000:37:00.0"},
+        "resource.kubernetes.io/pciBusID": {"string": "0000:37:00.0"},
+        "resource.kubernetes.io/pcieRoot": {"string": "pci0000:30"},
+        "resource.kubernetes.io/numaNode": {"int": 1},
         "sharing": {"string": "none"},
         "index": {"int": 3},
         "migProfile": {"string": "3g.40gb"},
+        "profile": {"string": "3g.40gb"},
         "migStart": {"int": 4},
     }
     assert three.capacity["memory"].value == "40192Mi"

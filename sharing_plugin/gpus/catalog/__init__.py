@@ -9,6 +9,7 @@ so a layout is known to fit before anything touches the hardware.
 from __future__ import annotations
 
 from sharing_plugin.errors import MigError
+from sharing_plugin.gpus.catalog.architecture import architecture_of
 from sharing_plugin.gpus.catalog.models import MODELS
 from sharing_plugin.gpus.catalog.types import GpuModel, MigModel, MigProfileSpec
 
@@ -17,6 +18,7 @@ __all__ = [
     "GpuModel",
     "MigModel",
     "MigProfileSpec",
+    "architecture_of",
     "model_for",
     "resolve_profile",
 ]

@@ -10,6 +10,7 @@ why each is also parsed on its own.
 from __future__ import annotations
 
 import functools
+import re
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -28,6 +29,7 @@ from sharing_plugin.sim.nvml.workload import (
 )
 
 PRESET_PACKAGE = "sharing_plugin.sim.nvml.presets"
+_BUS_ID = re.compile(r"([0-9A-Fa-f]{4}){1,2}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-7]")
 DEFAULT_DRIVER_VERSION = "550.54.15"  # an R550 driver: no per-cgroup memory limits
 
 
@@ -45,12 +47,34 @@ class MigDescription(_Strict):
 
 
 class GpuGroup(_Strict):
-    """`count` identical GPUs."""
+    """`count` identical GPUs.
+
+    `pciBusIds` (one per GPU, in NVML's `00000000:07:00.0` or the short `0000:07:00.0` form)
+    place them on the PCI bus, in increasing order as NVML enumerates them; without them each
+    GPU gets a bus of its own. `pcieRoot` names the root complex above them as sysfs does
+    (`pci0000:00`); without it the node does not tell (as a container without sysfs).
+    """
 
     product: str = Field(min_length=1)
     count: int = Field(default=1, ge=1, le=64)
     numa_node: int | None = Field(default=None, ge=0)
     mig: MigDescription | None = None
+    pci_bus_ids: tuple[str, ...] = ()
+    pcie_root: str | None = Field(default=None, pattern=r"^pci[0-9a-f]{4}:[0-9a-f]{2}$")
+
+    @model_validator(mode="after")
+    def _one_bus_per_gpu(self) -> GpuGroup:
+        if self.pci_bus_ids and len(self.pci_bus_ids) != self.count:
+            raise ValueError(
+                f"'pciBusIds' lists {len(self.pci_bus_ids)} bus IDs for {self.count} GPU(s): "
+                "give one per GPU"
+            )
+        for bus in self.pci_bus_ids:
+            if not _BUS_ID.fullmatch(bus):
+                raise ValueError(
+                    f"'pciBusIds': '{bus}' is not a PCI bus ID (e.g. 00000000:07:00.0)"
+                )
+        return self
 
 
 class Fault(_Strict):

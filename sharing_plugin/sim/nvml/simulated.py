@@ -23,6 +23,7 @@ import pynvml
 from sharing_plugin.errors import ConfigError, Problem
 from sharing_plugin.nvml.api import DeviceHandle, EventSetHandle
 from sharing_plugin.sim.nvml.faults import FaultFeed, SimEventData, SimEventSet
+from sharing_plugin.sim.nvml.identity import SimIdentity, compute_capability
 from sharing_plugin.sim.nvml.limits import SimMemoryLimits
 from sharing_plugin.sim.nvml.mig import SimMigOps
 from sharing_plugin.sim.nvml.node import (
@@ -65,7 +66,7 @@ class SimMemory:
     used: int
 
 
-class SimulatedNvml(SimMigOps, SimMemoryLimits):
+class SimulatedNvml(SimMigOps, SimMemoryLimits, SimIdentity):
     """A stand-in for the `pynvml` module, built from a node description."""
 
     NVMLError: type[Exception] = pynvml.NVMLError
@@ -277,8 +278,7 @@ class SimulatedNvml(SimMigOps, SimMemoryLimits):
         return gpu.numa_node
 
     def nvmlDeviceGetCudaComputeCapability(self, handle: object) -> tuple[int, int]:
-        gpu = self._gpu(handle)
-        return gpu.model.compute_capability if gpu.model is not None else (7, 0)
+        return compute_capability(self._gpu(handle))
 
     # ---- NVLink and PCIe topology ----
 

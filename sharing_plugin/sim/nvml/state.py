@@ -66,6 +66,7 @@ class SimGpu:
     memory_mib: int
     numa_node: int | None
     pci_bus_id: str
+    pcie_root: str | None = None
     mig_current: bool = False
     mig_pending: bool = False
     lost: bool = False
@@ -192,7 +193,7 @@ def build_gpus(node: LoadedNode) -> tuple[list[SimGpu], list[str]]:
                 f"gpus[{group_index}]: product '{group.product}' is not in the catalog: "
                 f"simulated without MIG and with {_UNKNOWN_MEMORY_MIB} MiB of memory"
             )
-        for _ in range(group.count):
+        for position in range(group.count):
             index = len(gpus)
             gpu = SimGpu(
                 index=index,
@@ -201,8 +202,8 @@ def build_gpus(node: LoadedNode) -> tuple[list[SimGpu], list[str]]:
                 model=model,
                 memory_mib=model.memory_mib if model is not None else _UNKNOWN_MEMORY_MIB,
                 numa_node=group.numa_node,
-                # Spread over PCI buses as a server would; the domain prefix is NVML's format.
-                pci_bus_id=f"00000000:{(0x07 + 0x10 * index) & 0xFF:02X}:00.0",
+                pci_bus_id=_bus_id(group.pci_bus_ids, position, index),
+                pcie_root=group.pcie_root,
             )
             if group.mig is not None:
                 _apply_initial_mig(gpu, group.mig.enabled, group.mig.instances, group_index)
@@ -210,6 +211,15 @@ def build_gpus(node: LoadedNode) -> tuple[list[SimGpu], list[str]]:
     if node.description.nvlink == "all":
         _link_all(gpus)
     return gpus, warnings
+
+
+def _bus_id(described: tuple[str, ...], position: int, index: int) -> str:
+    """A GPU's bus ID in NVML's form (an 8-digit domain, upper case): as described, else spread
+    over the PCI buses as a server would."""
+    if not described:
+        return f"00000000:{(0x07 + 0x10 * index) & 0xFF:02X}:00.0"
+    bus = described[position].upper()
+    return bus if len(bus) == 16 else f"0000{bus}"
 
 
 def _apply_initial_mig(
