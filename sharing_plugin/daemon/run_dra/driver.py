@@ -170,9 +170,17 @@ class DraDaemon(ObservedService[PoolState]):
     async def close(self) -> None:
         await self.pipeline.close()
         await self._tasks.close()
+        others: list[Path] = []
         if self.server is not None:
             await self.server.stop()
-        if self.options.clear_slices_on_exit and self.keeper is not None:
+            others = self.server.others_serving()
+        if others:
+            # A rolling update's new instance serves the same pool: its slices stay.
+            log.info(
+                "leaving the ResourceSlices to the other instance serving (%s)",
+                ", ".join(p.name for p in others),
+            )
+        elif self.options.clear_slices_on_exit and self.keeper is not None:
             try:
                 async with asyncio.timeout(_CLEAR_TIMEOUT_S):
                     await self.keeper.publisher.clear()
