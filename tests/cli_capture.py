@@ -24,6 +24,7 @@ RUN_ENV_VARS = (
     "CONFIG_NAME",
     "GPUS",
     "KUBELET_DIR",
+    "CDI_DIR",
     "NODE_NAME",
     "METRICS_ADDRESS",
     "LOG_FORMAT",

@@ -9,24 +9,34 @@ device a new config dropped stays published until its claim is unprepared, resta
 Written as JSON with a checksum, by temporary file and rename, so a crash leaves the old or the
 new file, never half of one. A file that does not check out is kept aside (`.corrupt`) and the
 plugin starts empty, logging it: the kubelet will prepare again what it still needs.
+
+Two instances of the driver share the file while a rolling update overlaps them (the kubelet may
+ask either for any claim): every change is a read-merge-write under an exclusive lock on a file
+beside it (`update`), so neither loses the other's claims, and `current()` reads the file again
+whenever it was replaced. The lock is held only around the file's own I/O, never across an API
+call, so it is taken synchronously.
 """
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import logging
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from sharing_plugin.dra.api.constants import PLUGINS_DIR
 from sharing_plugin.dra.claims import ClaimRef
 from sharing_plugin.views.dra_api import PublishedDevice
 
 log = logging.getLogger(__name__)
+
+_T = TypeVar("_T")
 
 CHECKPOINT_FILE = "checkpoint.json"
 
@@ -120,9 +130,51 @@ class Checkpoint:
 
     def __init__(self, path: Path) -> None:
         self.path = Path(path)
+        self._lock_path = self.path.with_name(f".{self.path.name}.lock")
+        self._seen: tuple[int, int, int] | None = None  # (inode, size, mtime) last read
+        self._claims: dict[str, PreparedClaim] = {}
+
+    @contextmanager
+    def _locked(self) -> Iterator[None]:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self._lock_path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)  # closing the descriptor releases the lock
+
+    def update(self, change: Callable[[dict[str, PreparedClaim]], _T]) -> _T:
+        """Apply `change` to the claims the file holds now and write the result, under the
+        lock; what `change` returned."""
+        with self._locked():
+            claims = self._load()
+            result = change(claims)
+            self._save(claims)
+        return result
+
+    def current(self) -> dict[str, PreparedClaim]:
+        """The claims the file holds, read again only when it was replaced since the last
+        read (by this process or another instance); the last good read when it does not check
+        out now."""
+        try:
+            st = os.stat(self.path)
+        except FileNotFoundError:
+            self._seen, self._claims = None, {}
+            return {}
+        key = (st.st_ino, st.st_size, st.st_mtime_ns)
+        if key != self._seen:
+            found = self.peek()
+            if found is not None:
+                self._seen, self._claims = key, found
+        return dict(self._claims)
 
     def load(self) -> dict[str, PreparedClaim]:
         """The prepared claims by UID; empty when there is no file or it does not check out."""
+        with self._locked():
+            return self._load()
+
+    def _load(self) -> dict[str, PreparedClaim]:
         try:
             return self._read()
         except FileNotFoundError:
@@ -160,6 +212,11 @@ class Checkpoint:
         return {c.ref.uid: c for c in (PreparedClaim.from_json(c) for c in claims)}
 
     def save(self, claims: Mapping[str, PreparedClaim]) -> None:
+        """Replace the file's claims with `claims` (whatever another instance wrote)."""
+        with self._locked():
+            self._save(claims)
+
+    def _save(self, claims: Mapping[str, PreparedClaim]) -> None:
         entries = [claims[uid].to_json() for uid in sorted(claims)]
         data = {"version": _VERSION, "claims": entries, "checksum": _checksum(entries)}
         self.path.parent.mkdir(parents=True, exist_ok=True)

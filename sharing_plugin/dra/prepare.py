@@ -14,11 +14,19 @@ Idempotence: a claim already prepared is answered from the checkpoint without re
 again (the kubelet repeats calls after restarts of either side), and unpreparing a claim that is
 not prepared succeeds. Calls are serialised, so the checkpoint on disk always matches what was
 answered.
+
+The checkpoint, not this object, is what is prepared: while a rolling update runs two instances
+over one plugin directory, the kubelet may prepare a claim through one and unprepare it through
+the other. Each call reads the file again where another instance replaced it, a prepare adds its
+claim by read-merge-write, and an unprepare first takes its claim out of the file under its lock,
+so of two instances asked to unprepare one claim only the one that took it out undoes it
+(removes its spec file, destroys its MIG instance).
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -91,24 +99,24 @@ class ClaimPreparer:
         self._checkpoint = checkpoint
         self._state = state
         self._on_change = on_change
-        self._prepared = checkpoint.load()
+        checkpoint.load()  # a file that does not check out is set aside now, not at a call
         self._lock = asyncio.Lock()
         self._instances = ClaimInstances(partitioner)
 
     @property
     def prepared(self) -> Mapping[str, PreparedClaim]:
-        """The prepared claims by UID."""
-        return dict(self._prepared)
+        """The prepared claims by UID (this instance's and any other's over the same file)."""
+        return self._checkpoint.current()
 
     def held(self) -> dict[str, PublishedDevice]:
         """The devices prepared claims hold, with what was published for each."""
-        return {p.name: p for claim in self._prepared.values() for p in claim.published}
+        return {p.name: p for claim in self.prepared.values() for p in claim.published}
 
     async def prepare(self, refs: Sequence[ClaimRef]) -> dict[str, PrepareResult]:
         """Prepare each claim; every claim of `refs` gets an answer keyed by its UID."""
         results: dict[str, PrepareResult] = {}
         async with self._lock:
-            before = len(self._prepared)
+            before = self.prepared.keys()
             for ref in refs:
                 try:
                     results[ref.uid] = PrepareResult(await self._prepare(ref))
@@ -118,7 +126,7 @@ class ClaimPreparer:
                 except Exception as exc:  # a bug must not fail the other claims of the call
                     log.exception("preparing ResourceClaim %s (%s) failed", ref, ref.uid)
                     results[ref.uid] = PrepareResult(error=f"internal error: {exc}")
-            changed = len(self._prepared) != before
+            changed = self.prepared.keys() != before
         if changed:
             self._on_change()
         return results
@@ -126,38 +134,39 @@ class ClaimPreparer:
     async def unprepare(self, refs: Sequence[ClaimRef]) -> dict[str, str]:
         """Unprepare each claim; the error of each by UID ("" when it went well)."""
         results: dict[str, str] = {}
+        changed = False
         async with self._lock:
-            before = len(self._prepared)
             for ref in refs:
+                known = self._checkpoint.update(functools.partial(_take, uid=ref.uid))
                 try:
-                    await self._unprepare(ref)
+                    await self._unprepare(ref, known)
                     results[ref.uid] = ""
+                    changed = changed or known is not None
+                    continue
                 except NvmlError as exc:
-                    log.warning("cannot unprepare ResourceClaim %s (%s): %s", ref, ref.uid, exc)
                     results[ref.uid] = f"destroying the MIG instance of {ref}: {exc}"
                 except OSError as exc:
-                    log.warning("cannot unprepare ResourceClaim %s (%s): %s", ref, ref.uid, exc)
                     results[ref.uid] = f"removing the CDI spec of {ref}: {exc}"
-            if len(self._prepared) != before:
-                self._checkpoint.save(self._prepared)
-                changed = True
-            else:
-                changed = False
+                log.warning(
+                    "cannot unprepare ResourceClaim %s (%s): %s", ref, ref.uid, results[ref.uid]
+                )
+                if known is not None:  # still prepared: the kubelet asks again
+                    self._checkpoint.update(functools.partial(_put, claim=known))
         if changed:
             self._on_change()
         return results
 
-    async def _unprepare(self, ref: ClaimRef) -> None:
-        known = self._prepared.get(ref.uid)
+    async def _unprepare(self, ref: ClaimRef, known: PreparedClaim | None) -> None:
+        """Undo what preparing `ref` did; `known` is its entry this call took out of the
+        checkpoint (None: not prepared, or another instance took it out)."""
         if known is not None:
             await self._instances.release(known.published, str(ref))
         self._specs.remove(known.spec_file if known else spec_file_name(self.driver, ref.uid))
         if known is not None:
-            del self._prepared[ref.uid]
             log.info("unprepared ResourceClaim %s (%s)", ref, ref.uid)
 
     async def _prepare(self, ref: ClaimRef) -> tuple[PreparedDevice, ...]:
-        known = self._prepared.get(ref.uid)
+        known = self.prepared.get(ref.uid)
         if known is not None:
             return known.devices
         claim = await self._claims.read(ref)
@@ -243,12 +252,7 @@ class ClaimPreparer:
             spec_file=file_name,
             published=tuple(_published(state, d) for d in devices),
         )
-        self._prepared[ref.uid] = prepared
-        try:
-            self._checkpoint.save(self._prepared)
-        except BaseException:
-            del self._prepared[ref.uid]
-            raise
+        self._checkpoint.update(functools.partial(_put, claim=prepared))
         log.info(
             "prepared ResourceClaim %s (%s): %s",
             ref,
@@ -277,6 +281,14 @@ class ClaimPreparer:
                 device.device.physical,
             )
         return device
+
+
+def _take(claims: dict[str, PreparedClaim], *, uid: str) -> PreparedClaim | None:
+    return claims.pop(uid, None)
+
+
+def _put(claims: dict[str, PreparedClaim], *, claim: PreparedClaim) -> None:
+    claims[claim.ref.uid] = claim
 
 
 def _published(state: PoolState, device: DraDevice) -> PublishedDevice:

@@ -14,7 +14,7 @@ wants.
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -149,7 +149,14 @@ class StatusBoard:
     def set_dra(self, *, shared_devices: str, reason: str | None = None) -> None:
         """How `run-dra` publishes shared GPUs (`capacity` or `replicas`), and why not as the
         config asks when it cannot."""
-        self._dra = {"sharedDevices": shared_devices, "reason": reason}
+        old = self._dra.get("oldShares", []) if self._dra is not None else []
+        self._dra = {"sharedDevices": shared_devices, "reason": reason, "oldShares": old}
+
+    def set_dra_old_shares(self, devices: Sequence[Mapping[str, Any]]) -> None:
+        """The shared devices claims hold at another share than the config's now: a replicas
+        edit takes full effect on them as those claims are released."""
+        if self._dra is not None:
+            self._dra["oldShares"] = [dict(d) for d in devices]
 
     # --- memory caps -------------------------------------------------------------------------
 

@@ -221,10 +221,11 @@ async def _allocated_claim(client: Any, kind: Any, *, node: str, device: str) ->
 
 async def _prepare(kubelet_dir: Path, claim: dra.Claim) -> Any:
     """NodePrepareResources on the plugin's DRA socket, as the kubelet calls it."""
-    socket = kubelet_dir / "plugins" / DRIVER / "dra.sock"
+    plugin = kubelet_dir / "plugins" / DRIVER
     async with asyncio.timeout(10):
-        while not socket.exists():  # noqa: ASYNC110 -- another process's socket
+        while not (found := list(plugin.glob("dra-*.sock"))):  # noqa: ASYNC110 -- another process's socket
             await asyncio.sleep(0.02)
+        (socket,) = found
         async with grpc.aio.insecure_channel(f"unix://{socket}") as channel:
             response = await dra_grpc.DRAPluginStub(channel).NodePrepareResources(
                 dra.NodePrepareResourcesRequest(claims=[claim])

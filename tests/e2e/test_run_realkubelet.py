@@ -348,3 +348,30 @@ async def test_a_held_replica_that_a_reload_drops_stays_counted_until_released(
         await kubelet.wait_for(holds(kubelet, fewer), within=15.0)
         assert kubelet.capacity(GPU) == (16, 16)
         assert await running.stop() == 0
+
+
+async def test_a_second_run_takes_over_but_the_first_leaving_stops_it(
+    kubelet: RealKubelet,
+) -> None:
+    """What a DaemonSet rolling update with maxSurge 1 would do to `run`, and why deploy/ keeps
+    `maxUnavailable: 1, maxSurge: 0`: a second `run` registering while the first serves takes
+    the resource over without a gap (its sockets are its own), but when the first stops, the
+    kubelet's device manager (1.32 here; the plugin watcher's docs say the same of later ones)
+    ends the registration it holds for the resource name, which is the second's: its devices
+    count zero until the second registers again. A fixed kubelet turns this test red."""
+    config = time_slicing(4)
+    (resource,) = expected(config).values()
+    async with plugin(kubelet, config) as first:
+        await kubelet.wait_for(holds(kubelet, resource))
+        before = {p.name for p in (kubelet.kubelet_dir / "device-plugins").iterdir()}
+        async with plugin(kubelet, config) as second:
+            await second.wait_for_line("registered")
+            await kubelet.wait_for(holds(kubelet, resource))
+            assert kubelet.capacity(GPU) == (32, 32)  # the takeover: no gap
+            assert await first.stop() == 0
+            after = {p.name for p in (kubelet.kubelet_dir / "device-plugins").iterdir()}
+            assert before - after and after - before  # the first removed only its own socket
+            await kubelet.wait_for(lambda: kubelet.devices(GPU)["endpoint"] == "stopped")
+            assert kubelet.capacity(GPU)[1] == 0  # nothing allocatable
+            assert kubelet.admit("p", {GPU: 1})["admitted"] is False
+            assert await second.stop() == 0

@@ -20,7 +20,7 @@ from sharing_plugin.dra.checkpoint import CHECKPOINT_FILE, Checkpoint
 from sharing_plugin.dra.claims import Claim, ClaimRef, claim_from_document
 from sharing_plugin.dra.prepare import ClaimPreparer, PoolState
 from sharing_plugin.dra.server import DraPluginServer, plugin_dir
-from sharing_plugin.errors import KubeApiError, KubeletError
+from sharing_plugin.errors import KubeApiError
 from sharing_plugin.gpus.inventory import Inventory
 from sharing_plugin.kit.cdi import CdiSpecDir
 from sharing_plugin.plan import Plan
@@ -128,12 +128,13 @@ async def test_registers_through_plugins_registry_with_both_services(node: Node)
     async with DraKubeletSimulator(node.root) as kubelet:
         plugin = await kubelet.wait_plugin(DRIVER)
         assert plugin.service == V1_SERVICE
-        assert plugin.endpoint == str(node.root / "plugins" / DRIVER / "dra.sock")
+        instance = node.server.instance
+        assert plugin.endpoint == str(node.root / "plugins" / DRIVER / f"dra-{instance}.sock")
         (event,) = [e for e in kubelet.events if e["call"] == "register"]
         assert event["versions"] == [V1_SERVICE, V1BETA1_SERVICE]
         assert event["error"] is None
         await node.server.registration.registered.wait()
-    assert (node.root / "plugins_registry" / f"{DRIVER}-reg.sock").exists()
+    assert (node.root / "plugins_registry" / f"{DRIVER}-{instance}-reg.sock").exists()
 
 
 async def test_an_older_kubelet_speaks_v1beta1(node: Node) -> None:
@@ -300,28 +301,39 @@ async def test_a_kubelet_restart_registers_the_plugin_again(node: Node) -> None:
     assert node.server.registration.calls == 2
 
 
-async def test_a_stale_socket_is_replaced_and_a_live_one_refused(
+async def test_stale_sockets_are_removed_and_another_instance_s_stay(
     short_dir: Path, state: PoolState
 ) -> None:
-    first = Node(short_dir, ClaimBook(), state)
-    await first.server.start()
-    try:
-        second = Node(short_dir, ClaimBook(), state)
-        with pytest.raises(KubeletError, match="second instance"):
-            await second.server.start()
-    finally:
-        await first.server.stop()
-    # A killed run leaves both sockets behind, nobody listening.
-    for path in (first.server.endpoint, first.server.registration_path):
+    # A killed run leaves its sockets behind, nobody listening; so may an earlier release,
+    # under the fixed names.
+    killed = Node(short_dir, ClaimBook(), state)
+    stale = [
+        killed.server.endpoint,
+        killed.server.registration_path,
+        short_dir / "plugins" / DRIVER / "dra.sock",
+        short_dir / "plugins_registry" / f"{DRIVER}-reg.sock",
+    ]
+    for path in stale:
+        path.parent.mkdir(parents=True, exist_ok=True)
         with socket.socket(socket.AF_UNIX) as s:
             s.bind(str(path))
-    third = Node(short_dir, ClaimBook(), state)
-    await third.server.start()
+    first = Node(short_dir, ClaimBook(), state)
+    second = Node(short_dir, ClaimBook(), state)
+    await first.server.start()
     try:
+        await second.server.start()  # a rolling update's new instance: both serve
+        try:
+            assert not any(p.exists() for p in stale)
+            assert first.server.others_serving() == [second.server.registration_path]
+            assert second.server.others_serving() == [first.server.registration_path]
+        finally:
+            await second.server.stop()
+        assert first.server.endpoint.exists() and first.server.registration_path.exists()
+        assert first.server.others_serving() == []
         async with DraKubeletSimulator(short_dir) as kubelet:
             await kubelet.wait_plugin(DRIVER)
     finally:
-        await third.server.stop()
+        await first.server.stop()
 
 
 async def test_a_corrupt_checkpoint_is_kept_aside(short_dir: Path, state: PoolState) -> None:

@@ -59,7 +59,7 @@ from sharing_plugin.kit.cdi import CdiSpecDir
 from sharing_plugin.mig.desired import Holder
 from sharing_plugin.nvml.api import NvmlApi
 from sharing_plugin.views.dra import config_resource_names
-from sharing_plugin.views.dra_api import DEFAULT_DRIVER
+from sharing_plugin.views.dra_api import DEFAULT_DRIVER, PublishedDevice
 
 if TYPE_CHECKING:
     from lightkube import AsyncClient
@@ -151,6 +151,7 @@ class DraDaemon(ObservedService[PoolState]):
             backoff_s=self.options.publish_backoff_s,
             health=self.health,
             hook_path_default=source.hook_path_default,
+            held_shares=self._held_shares,
         )
         # A device plugin serving here now stops run-dra before its first config touches MIG;
         # the names the Node lists allocatable are known only from that config.
@@ -170,9 +171,17 @@ class DraDaemon(ObservedService[PoolState]):
     async def close(self) -> None:
         await self.pipeline.close()
         await self._tasks.close()
+        others: list[Path] = []
         if self.server is not None:
             await self.server.stop()
-        if self.options.clear_slices_on_exit and self.keeper is not None:
+            others = self.server.others_serving()
+        if others:
+            # A rolling update's new instance serves the same pool: its slices stay.
+            log.info(
+                "leaving the ResourceSlices to the other instance serving (%s)",
+                ", ".join(p.name for p in others),
+            )
+        elif self.options.clear_slices_on_exit and self.keeper is not None:
             try:
                 async with asyncio.timeout(_CLEAR_TIMEOUT_S):
                     await self.keeper.publisher.clear()
@@ -219,6 +228,18 @@ class DraDaemon(ObservedService[PoolState]):
         if self.keeper is not None:
             self.keeper.changed()
         self.pipeline.retry_mig_layout()
+
+    def _held_shares(self) -> list[PublishedDevice]:
+        """One entry per share prepared claims hold: what was published for its device."""
+        if self.preparer is None:
+            return []
+        return [
+            entry
+            for claim in self.preparer.prepared.values()
+            for device in claim.devices
+            for entry in claim.published
+            if entry.name == device.device
+        ]
 
     async def _held_by(self, inventory: Inventory) -> dict[str, Holder]:
         """What prepared claims hold, for the declared layouts: never destroyed under them."""

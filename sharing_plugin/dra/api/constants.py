@@ -25,7 +25,9 @@ HEALTH_V1ALPHA1_SERVICE: Final = "v1alpha1.DRAResourceHealth"
 PLUGINS_REGISTRY_DIR: Final = "plugins_registry"
 PLUGINS_DIR: Final = "plugins"
 
-# Socket names the kubelet's own helper library uses: `<driver>-reg.sock` in plugins_registry/,
-# `dra.sock` in plugins/<driver>/.
+# Socket names as the kubelet's own helper library makes them with its RollingUpdate option:
+# `<driver>-<instance>-reg.sock` in plugins_registry/, `dra-<instance>.sock` in
+# plugins/<driver>/; without an instance (earlier releases): `<driver>-reg.sock`, `dra.sock`.
 REGISTRATION_SOCKET_SUFFIX: Final = "-reg.sock"
-DRA_SOCKET: Final = "dra.sock"
+DRA_SOCKET_PREFIX: Final = "dra"
+SOCKET_SUFFIX: Final = ".sock"

@@ -8,9 +8,12 @@ What it copies from the kubelet (pkg/kubelet/pluginmanager and cm/dra), because 
 cope with exactly this: sockets appearing in `plugins_registry/` are dialled and asked GetInfo;
 a plugin of another type, without a name, or serving none of the DRA services this kubelet
 knows is refused through NotifyRegistrationStatus with the reason; otherwise the plugin's
-endpoint is dialled and the newest common service is used from then on. A registration socket
-that disappears deregisters the plugin (a real kubelet then deletes the driver's ResourceSlices
-of the node: `on_deregistered` lets a test do the same). `restart()` forgets every plugin and
+endpoint is dialled and the newest common service is used from then on. As since Kubernetes
+1.33, a driver may register several instances (each its own registration socket: a rolling
+update overlapping two pods): every one is kept, the newest is called, and a registration socket
+that disappears deregisters that instance only, the newest left taking over; the last one gone
+deregisters the driver (a real kubelet then deletes the driver's ResourceSlices of the node:
+`on_deregistered` lets a test do the same). `restart()` forgets every plugin and
 registers again whatever sockets it finds, as a starting kubelet does; `services` plays an
 older kubelet (1.32-1.33 know only v1beta1).
 
@@ -85,7 +88,8 @@ class DraKubeletSimulator:
         self.services = tuple(services)
         self._dial_timeout = dial_timeout
         self._on_deregistered = on_deregistered
-        self.plugins: dict[str, DraPlugin] = {}
+        self.plugins: dict[str, DraPlugin] = {}  # the instance called, per driver
+        self.instances: dict[str, list[DraPlugin]] = {}  # every registered one, oldest first
         self.events: list[dict[str, Any]] = []  # what happened, in order (registrations, calls)
         self._changed = asyncio.Condition()
         self._watch: DirectoryWatch | None = None
@@ -119,9 +123,11 @@ class DraKubeletSimulator:
         watch, self._watch = self._watch, None
         if watch is not None:
             await watch.__aexit__(None, None, None)
-        for plugin in self.plugins.values():
-            await plugin.channel.close(None)
+        for instances in self.instances.values():
+            for plugin in instances:
+                await plugin.channel.close(None)
         self.plugins.clear()
+        self.instances.clear()
 
     async def restart(self) -> None:
         """A kubelet restart: every plugin forgotten, then registered again from the sockets."""
@@ -141,7 +147,8 @@ class DraKubeletSimulator:
                     await self._gone(change.path)
 
     async def _found(self, path: Path) -> None:
-        if not path.name.endswith(".sock") or any(p.socket == path for p in self.plugins.values()):
+        known = (p.socket for instances in self.instances.values() for p in instances)
+        if not path.name.endswith(".sock") or path in known:
             return
         try:
             await self._register(path)
@@ -180,9 +187,7 @@ class DraKubeletSimulator:
             }
         )
         if plugin is not None:
-            old = self.plugins.pop(plugin.driver, None)
-            if old is not None:
-                await old.channel.close(None)
+            self.instances.setdefault(plugin.driver, []).append(plugin)
             self.plugins[plugin.driver] = plugin
         async with self._changed:
             self._changed.notify_all()
@@ -200,13 +205,17 @@ class DraKubeletSimulator:
         return None
 
     async def _gone(self, path: Path) -> None:
-        for driver, plugin in list(self.plugins.items()):
-            if plugin.socket == path:
-                del self.plugins[driver]
+        for driver, instances in list(self.instances.items()):
+            for plugin in [p for p in instances if p.socket == path]:
+                instances.remove(plugin)
                 await plugin.channel.close(None)
-                self.events.append({"call": "deregister", "driver": driver})
-                if self._on_deregistered is not None:
-                    await self._on_deregistered(driver)
+                self.events.append({"call": "deregister", "driver": driver, "socket": str(path)})
+            if instances:
+                self.plugins[driver] = instances[-1]
+                continue
+            del self.instances[driver]
+            if self.plugins.pop(driver, None) is not None and self._on_deregistered is not None:
+                await self._on_deregistered(driver)
         async with self._changed:
             self._changed.notify_all()
 
