@@ -11,12 +11,14 @@ beyond its pods: the devices the kubelet says each pod holds, a simulated node f
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import realcluster
 import yaml
-from realcluster_support import OnNode
+from realapi_support import observed
+from realcluster_support import SLICE, OnNode
 
 from sharing_plugin.kubelet.podresources import PodResourcesClient
 from sharing_plugin.sources.kube import client_from_kubeconfig
@@ -68,3 +70,17 @@ async def restarted(node: OnNode) -> None:
     token = config["users"][0]["user"]["token"]
     namespace = config["contexts"][0]["context"]["namespace"]
     node.cluster.token_kubeconfig(node.account, token, namespace=namespace)
+
+
+async def slices_when(
+    node: OnNode, done: Callable[[dict[str, Any]], bool], *, within: float = 30.0
+) -> dict[str, Any]:
+    """The node's ResourceSlices (as dictionaries, by name) once `done(them)` holds."""
+    found = await observed(
+        node.client,
+        SLICE,
+        lambda s: done({k: v.to_dict() for k, v in s.items()}),
+        fields={"spec.nodeName": node.name},
+        within=within,
+    )
+    return {k: v.to_dict() for k, v in found.items()}
