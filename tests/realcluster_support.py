@@ -190,9 +190,12 @@ class OnNode:
         )
         return created
 
-    async def claim_template(self, namespace: str, name: str, device_class: str) -> None:
-        """A ResourceClaimTemplate asking one device of `device_class`."""
-        request = {"name": "gpu", "exactly": {"deviceClassName": device_class}}
+    async def claim_template(
+        self, namespace: str, name: str, device_class: str, **exactly: Any
+    ) -> None:
+        """A ResourceClaimTemplate asking one device of `device_class` (and `exactly`'s other
+        fields: selectors, capacity)."""
+        request = {"name": "gpu", "exactly": {"deviceClassName": device_class, **exactly}}
         await self.client.create(
             CLAIM_TEMPLATE.from_dict(
                 {
