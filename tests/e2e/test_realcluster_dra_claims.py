@@ -23,6 +23,8 @@ from realcluster_support import DEPLOY_DRA, DRIVER, GPU, OnNode, on_node, unsche
 from sharing_plugin.dra.resources import resource_class
 
 pytestmark = [
+    pytest.mark.realtools,
+    pytest.mark.kubectl,
     pytest.mark.skipif(not realcluster.AVAILABLE, reason=realcluster.SKIP_REASON),
     pytest.mark.timeout(300),
 ]

@@ -14,6 +14,8 @@ from realcluster_state import append_fault, held, node_file
 from realcluster_support import GPU, on_node, sliced
 
 pytestmark = [
+    pytest.mark.realtools,
+    pytest.mark.kubectl,
     pytest.mark.skipif(not realcluster.AVAILABLE, reason=realcluster.SKIP_REASON),
     pytest.mark.timeout(300),
 ]

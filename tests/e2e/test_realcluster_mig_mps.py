@@ -27,6 +27,8 @@ from sharing_plugin.plan.model import ContainerAllocation, Plan
 from sharing_plugin.plan.node import plan_node
 
 pytestmark = [
+    pytest.mark.realtools,
+    pytest.mark.kubectl,
     pytest.mark.skipif(not realcluster.AVAILABLE, reason=realcluster.SKIP_REASON),
     pytest.mark.timeout(300),
 ]

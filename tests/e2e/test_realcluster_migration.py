@@ -17,6 +17,8 @@ from realcluster_state import slices_when
 from realcluster_support import DEPLOY_DRA, GPU, OnNode, on_node, sliced, unschedulable
 
 pytestmark = [
+    pytest.mark.realtools,
+    pytest.mark.kubectl,
     pytest.mark.skipif(not realcluster.AVAILABLE, reason=realcluster.SKIP_REASON),
     pytest.mark.timeout(300),
 ]

@@ -14,6 +14,8 @@ from realcluster_state import held, restarted
 from realcluster_support import GPU, OnNode, on_node, sliced, unschedulable
 
 pytestmark = [
+    pytest.mark.realtools,
+    pytest.mark.kubectl,
     pytest.mark.skipif(not realcluster.AVAILABLE, reason=realcluster.SKIP_REASON),
     pytest.mark.timeout(300),
 ]

@@ -43,9 +43,12 @@ gpus:
 driverVersion: "580.65.06"
 """
 
-pytestmark = pytest.mark.skipif(
-    not realdra.available("realdra136"), reason=realdra.skip_reason("realdra136")
-)
+pytestmark = [
+    pytest.mark.skipif(
+        not realdra.available("realdra136"), reason=realdra.skip_reason("realdra136")
+    ),
+    pytest.mark.realtools,
+]
 
 
 @pytest.fixture

@@ -106,6 +106,7 @@ for n in range(int(sys.argv[3])):
 """
 
 
+@pytest.mark.subprocess
 async def test_two_processes_writing_the_checkpoint_lose_no_claim(tmp_path: Path) -> None:
     """Each process adds claims and removes every other one of its own, by read-merge-write
     of the one file: none of the other's is lost, none removed twice (a pop that misses
