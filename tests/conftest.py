@@ -104,6 +104,11 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.get_closest_marker("kubectl") or item.get_closest_marker("realtools")
         ):
             item.add_marker("subprocess")
+        # The real cluster serves one test at a time: its tests go to one worker together
+        # (`--dist loadgroup`), which starts on them while the others run the rest, instead of
+        # workers waiting on each other's turn with the cluster.
+        if "real_cluster" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.xdist_group("realcluster"))
         # The shared server is started by one test only: every user is declared, not just it.
         uses = {"real_api", "real_api_alone"} & set(getattr(item, "fixturenames", ()))
         if uses and item.get_closest_marker("realtools") is None:
