@@ -1,7 +1,7 @@
 """Benchmark: the whole daemon, against the in-package kubelet simulator.
 
 1. reload: a ConfigMap mounted as kubelet writes it (`..data` swapped atomically), the real
-   Daemon in-process and the kubelet simulator; each round swaps replicas 4 <-> 5 and is measured
+   plugin in-process and the kubelet simulator; each round swaps replicas 4 <-> 5 and is measured
    from the `..data` rename to the simulator holding the new device list. Then the same for a
    node-label change on the fake Node API server (two named configs, the label picks one).
    Goal: p50 <= 150 ms, p99 <= 400 ms.
@@ -70,7 +70,7 @@ from plugin_process import PluginProcess  # noqa: E402
 from sharing_plugin.backends import backend_from_spec  # noqa: E402
 from sharing_plugin.config.names import DEFAULT_CONFIG_LABEL as DEFAULT_LABEL  # noqa: E402
 from sharing_plugin.daemon.node.options import SourceOptions  # noqa: E402
-from sharing_plugin.daemon.run.app import Daemon  # noqa: E402
+from sharing_plugin.daemon.run.app import NodeDevicePlugin  # noqa: E402
 from sharing_plugin.daemon.run.options import RunOptions  # noqa: E402
 from sharing_plugin.sim.kubelet.simulator import KubeletSimulator  # noqa: E402
 from sharing_plugin.sources.kube import client_from_kubeconfig  # noqa: E402
@@ -205,7 +205,7 @@ async def bench_reload_swap(rounds: int) -> list[float]:
         options = RunOptions(SourceOptions(config_path=work / "cm", gpus=PRESET, kubelet_dir=work))
         async with (
             KubeletSimulator(work) as kubelet,
-            Daemon(options, nvml=backend_from_spec(PRESET)),
+            NodeDevicePlugin(options, nvml=backend_from_spec(PRESET)),
         ):
             await kubelet.wait_for(lambda: kubelet.capacity(GPU) == 32, timeout=10)
 
@@ -231,7 +231,7 @@ async def bench_reload_label(rounds: int) -> list[float]:
             try:
                 async with (
                     KubeletSimulator(work) as kubelet,
-                    Daemon(options, nvml=backend_from_spec(PRESET), kube_client=client),
+                    NodeDevicePlugin(options, nvml=backend_from_spec(PRESET), kube_client=client),
                 ):
                     await kubelet.wait_for(lambda: kubelet.capacity(GPU) == 32, timeout=10)
                     await api.wait_watches(1)
@@ -265,7 +265,7 @@ async def bench_reload_configmap_api(rounds: int) -> list[float]:
             try:
                 async with (
                     KubeletSimulator(work) as kubelet,
-                    Daemon(options, nvml=backend_from_spec(PRESET), kube_client=client),
+                    NodeDevicePlugin(options, nvml=backend_from_spec(PRESET), kube_client=client),
                 ):
                     await kubelet.wait_for(lambda: kubelet.capacity(GPU) == 32, timeout=10)
                     await api.wait_watches(2)  # the Node and the ConfigMap

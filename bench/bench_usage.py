@@ -1,6 +1,6 @@
 """Benchmark: per-pod GPU usage, what one scrape costs and what it costs while nobody scrapes.
 
-1. scrape: the real Daemon in-process on a simulated node of 8 A100-80GB, each time-sliced 48
+1. scrape: the real device plugin in-process on a simulated node of 8 A100-80GB, each time-sliced 48
    ways (384 replicas), with 48 processes per GPU (384 in all, each of its own pod: a /proc
    tree of their cgroups, the 384 pods in the fake kube-apiserver and admitted by the kubelet
    simulator, so every process is named through the API). One scrape with a fresh reading is
@@ -50,7 +50,7 @@ from plugin_process import free_port, http_get  # noqa: E402
 
 from sharing_plugin.backends import backend_from_spec  # noqa: E402
 from sharing_plugin.daemon.node.options import SourceOptions  # noqa: E402
-from sharing_plugin.daemon.run.app import Daemon  # noqa: E402
+from sharing_plugin.daemon.run.app import NodeDevicePlugin  # noqa: E402
 from sharing_plugin.daemon.run.options import RunOptions  # noqa: E402
 from sharing_plugin.plan.model import physical_of  # noqa: E402
 from sharing_plugin.sim.kubelet.simulator import KubeletSimulator  # noqa: E402
@@ -112,7 +112,7 @@ async def bench_scrape(rounds: int, http_rounds: int, log: FigureLog) -> None:
             try:
                 async with (
                     KubeletSimulator(work) as kubelet,
-                    Daemon(options, nvml=nvml, kube_client=client) as daemon,
+                    NodeDevicePlugin(options, nvml=nvml, kube_client=client) as daemon,
                 ):
                     await kubelet.wait_for(
                         lambda: kubelet.capacity(GPU) == GPUS * PER_GPU, timeout=20

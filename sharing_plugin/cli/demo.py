@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 from sharing_plugin.cli.common import EXIT_OK
 
 if TYPE_CHECKING:
-    from sharing_plugin.daemon.run.app import Daemon
+    from sharing_plugin.daemon.run.app import NodeDevicePlugin
     from sharing_plugin.sim.kubelet.simulator import KubeletSimulator
 
 DEMO_PRESET = "dgx-a100-80gb"
@@ -71,7 +71,7 @@ async def run_demo(*, once: bool, say: Print = print, workdir: Path | None = Non
     from importlib import resources
 
     from sharing_plugin.daemon.node.options import SourceOptions
-    from sharing_plugin.daemon.run.app import Daemon
+    from sharing_plugin.daemon.run.app import NodeDevicePlugin
     from sharing_plugin.daemon.run.options import RunOptions
     from sharing_plugin.sim.kubelet.simulator import KubeletSimulator
     from sharing_plugin.sim.nvml.simulated import SimulatedNvml
@@ -92,7 +92,7 @@ async def run_demo(*, once: bool, say: Print = print, workdir: Path | None = Non
         )
         async with (
             KubeletSimulator(kubelet_dir) as kubelet,
-            Daemon(options, nvml=SimulatedNvml.from_preset(DEMO_PRESET)) as daemon,
+            NodeDevicePlugin(options, nvml=SimulatedNvml.from_preset(DEMO_PRESET)) as daemon,
         ):
             await kubelet.wait_for(lambda: _in_sync(kubelet, daemon), timeout=10)
             say("")
@@ -127,7 +127,7 @@ def _snapshot(kubelet: KubeletSimulator) -> tuple[tuple[str, int, int], ...]:
     )
 
 
-def _in_sync(kubelet: KubeletSimulator, daemon: Daemon) -> bool:
+def _in_sync(kubelet: KubeletSimulator, daemon: NodeDevicePlugin) -> bool:
     """Kubelet holds exactly the device lists the daemon advertises."""
     plan = daemon.supervisor.advertised
     return (
@@ -160,7 +160,7 @@ async def _sample_pod(kubelet: KubeletSimulator, say: Print) -> None:
     kubelet.delete_pod("demo-pod")
 
 
-async def _follow(kubelet: KubeletSimulator, daemon: Daemon, say: Print) -> None:
+async def _follow(kubelet: KubeletSimulator, daemon: NodeDevicePlugin, say: Print) -> None:
     import asyncio
 
     from sharing_plugin.daemon.node.outcome import Rejected

@@ -23,7 +23,7 @@ from sharing_plugin.cli.common import (
 )
 
 if TYPE_CHECKING:
-    from sharing_plugin.daemon.run_dra.driver import DraDaemon, DraOptions
+    from sharing_plugin.daemon.run_dra.driver import DraDriver, DraOptions
 
 DRA_FLAGS: tuple[Flag, ...] = (
     DRIVER_FLAG,
@@ -65,14 +65,14 @@ def dra_options(args: argparse.Namespace) -> DraOptions:
     )
 
 
-def _daemon(options: DraOptions) -> DraDaemon:
+def _daemon(options: DraOptions) -> DraDriver:
     from dataclasses import replace
 
     from sharing_plugin.backends import serving_backend
-    from sharing_plugin.daemon.run_dra.driver import DraDaemon
+    from sharing_plugin.daemon.run_dra.driver import DraDriver
 
     nvml, source = serving_backend(options.source)
-    return DraDaemon(replace(options, source=source), nvml=nvml)
+    return DraDriver(replace(options, source=source), nvml=nvml)
 
 
 def _check(options: DraOptions) -> None:

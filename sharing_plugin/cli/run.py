@@ -21,7 +21,7 @@ from sharing_plugin.cli.common import (
 )
 
 if TYPE_CHECKING:
-    from sharing_plugin.daemon.run.app import Daemon
+    from sharing_plugin.daemon.run.app import NodeDevicePlugin
     from sharing_plugin.daemon.run.options import RunOptions
 
 RUN_FLAGS: tuple[Flag, ...] = (
@@ -69,14 +69,14 @@ def _cdi_dir(value: str) -> Path:
     return Path(value)
 
 
-def _daemon(options: RunOptions) -> Daemon:
+def _daemon(options: RunOptions) -> NodeDevicePlugin:
     from dataclasses import replace
 
     from sharing_plugin.backends import serving_backend
-    from sharing_plugin.daemon.run.app import Daemon
+    from sharing_plugin.daemon.run.app import NodeDevicePlugin
 
     nvml, source = serving_backend(options.source)
-    return Daemon(replace(options, source=source), nvml=nvml)
+    return NodeDevicePlugin(replace(options, source=source), nvml=nvml)
 
 
 def check_socket_paths(kubelet_dir: Path) -> None:

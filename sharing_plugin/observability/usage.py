@@ -1,6 +1,6 @@
 """Per-pod GPU usage as Prometheus series and as the `usage` part of `/status`.
 
-The series are written at scrape time from the latest `UsageReport` (made for that scrape, or
+The series are written at scrape time from the latest `UsageSnapshot` (made for that scrape, or
 shared with another within a second), never kept in gauges: a pod that left has no row in the
 report, so its series are simply not there at the next scrape. Rows that share a label set
 (two MIG devices of one profile on a GPU, held by one container; the unattributed processes of
@@ -26,7 +26,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sharing_plugin.usage.model import ContainerUsage, UsageReport
+from sharing_plugin.usage.model import ContainerUsage, UsageSnapshot
 from sharing_plugin.usage.overshare import PodOnDevice
 
 _PREFIX = "sharing_plugin"
@@ -59,7 +59,7 @@ FAMILIES = {
 class UsageView:
     """What the series and `/status` show: the report and the pods over their share."""
 
-    report: UsageReport
+    report: UsageSnapshot
     exceeded: tuple[PodOnDevice, ...] = ()
     at: str = ""  # RFC 3339, when the report was read
 

@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from sharing_plugin.gpus.inventory import GpuUuid
-from sharing_plugin.usage.model import CgroupRef, Holder, UsageReport
+from sharing_plugin.usage.model import CgroupRef, Holder, UsageSnapshot
 
 MIB = 1 << 20
 
@@ -30,7 +30,7 @@ class CgroupCap:
     holder: Holder
 
 
-def cgroup_caps(report: UsageReport, cgroups: Mapping[int, CgroupRef | None]) -> list[CgroupCap]:
+def cgroup_caps(report: UsageSnapshot, cgroups: Mapping[int, CgroupRef | None]) -> list[CgroupCap]:
     """Every (GPU, cgroup) a capped container's processes run in, with its cap (module doc)."""
     largest: dict[Holder, int] = {}
     for c in report.containers():

@@ -2,7 +2,7 @@
 
 What the node says (NVML's processes and memory, each process's cgroup, the pods the API
 lists, what PodResources says pods hold) comes in as these values; `usage.report` turns them
-into a `UsageReport`, which the metrics, `/status` and over-share detection read.
+into a `UsageSnapshot`, which the metrics, `/status` and over-share detection read.
 """
 
 from __future__ import annotations
@@ -153,7 +153,7 @@ class GpuUsage:
 
 
 @dataclass(frozen=True, slots=True)
-class UsageReport:
+class UsageSnapshot:
     """The node's GPU usage at one moment."""
 
     gpus: tuple[GpuUsage, ...] = ()

@@ -19,7 +19,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from sharing_plugin.gpus.inventory import GpuUuid
-from sharing_plugin.usage.model import UsageReport
+from sharing_plugin.usage.model import UsageSnapshot
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,7 +54,7 @@ class Exceeded:
     since: float
 
 
-def pods_on_shared_devices(report: UsageReport) -> list[PodOnDevice]:
+def pods_on_shared_devices(report: UsageSnapshot) -> list[PodOnDevice]:
     """Attributed usage summed per pod and shared device (containers of one pod together)."""
     out: dict[tuple[str, str, str], PodOnDevice] = {}
     for device in report.devices():

@@ -34,7 +34,7 @@ from sharing_plugin.usage.model import (
     NvmlUsage,
     PodIdentity,
     ResourceShare,
-    UsageReport,
+    UsageSnapshot,
 )
 
 MIB = 1 << 20
@@ -58,7 +58,7 @@ def build_report(
     held: Iterable[HeldReplica] | None,
     cgroups: Mapping[int, CgroupRef | None],
     pods: Mapping[str, PodIdentity] | None,
-) -> UsageReport:
+) -> UsageSnapshot:
     """The node's usage from one NVML pass (see the module doc).
 
     `held`: PodResources' answer (None when kubelet cannot tell). `cgroups`: pid -> the pod its
@@ -145,7 +145,7 @@ def build_report(
                 devices=tuple(device_rows),
             )
         )
-    return UsageReport(gpus=tuple(gpus), utilization=bool(nvml.sampled), problems=nvml.problems)
+    return UsageSnapshot(gpus=tuple(gpus), utilization=bool(nvml.sampled), problems=nvml.problems)
 
 
 def _attribute(

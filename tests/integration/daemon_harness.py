@@ -13,7 +13,7 @@ import yaml_fast
 
 from sharing_plugin.backends import backend_from_spec, cgroup_version
 from sharing_plugin.daemon.node.options import NodeReportOptions, SourceOptions
-from sharing_plugin.daemon.run.app import Daemon
+from sharing_plugin.daemon.run.app import NodeDevicePlugin
 from sharing_plugin.daemon.run.options import RunOptions
 from sharing_plugin.sim.kubelet.simulator import KubeletSimulator
 
@@ -66,7 +66,7 @@ def append_fault(path: Path, fault: dict[str, Any]) -> None:
 @dataclass
 class Running:
     kubelet: KubeletSimulator
-    daemon: Daemon
+    daemon: NodeDevicePlugin
     config: Path
     nvml: Any
 
@@ -121,7 +121,7 @@ async def running(
     )
     async with (
         KubeletSimulator(root, grace_period=0.2, dial_timeout=2.0) as kubelet,
-        Daemon(opts, nvml=nvml, kube_client=kube_client) as daemon,
+        NodeDevicePlugin(opts, nvml=nvml, kube_client=kube_client) as daemon,
     ):
         run = Running(kubelet=kubelet, daemon=daemon, config=config, nvml=nvml)
         if wait_ready:

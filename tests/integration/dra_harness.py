@@ -17,8 +17,8 @@ from support.observe import wait_published
 
 from sharing_plugin.backends import backend_from_spec
 from sharing_plugin.daemon.node.options import SourceOptions
-from sharing_plugin.daemon.run_dra.driver import DraDaemon, DraOptions
-from sharing_plugin.daemon.run_dra.pool import PoolKeeper
+from sharing_plugin.daemon.run_dra.driver import DraDriver, DraOptions
+from sharing_plugin.daemon.run_dra.pool import PoolWriter
 from sharing_plugin.dra.claims import ClaimRef
 from sharing_plugin.views.dra_api import PublishedDevice, device_class, device_class_name
 
@@ -30,13 +30,13 @@ NODE = "node-a"
 class DraRun:
     api: FakeKubeApi
     kubelet: DraKubeletSimulator
-    daemon: DraDaemon
+    daemon: DraDriver
     config: Path
     root: Path
     nvml: Any
 
     @property
-    def keeper(self) -> PoolKeeper:
+    def keeper(self) -> PoolWriter:
         """The daemon's pool keeper (`support.observe.wait_published` waits for its publishes)."""
         assert self.daemon.keeper is not None
         return self.daemon.keeper
@@ -183,7 +183,7 @@ async def dra_running(
             sim_options["services"] = kubelet_services
         try:
             async with DraKubeletSimulator(root, **sim_options) as kubelet:
-                async with DraDaemon(opts, nvml=nvml, kube_client=client) as daemon:
+                async with DraDriver(opts, nvml=nvml, kube_client=client) as daemon:
                     run = DraRun(server, kubelet, daemon, config, root, nvml)
                     if wait_registered:
                         await kubelet.wait_plugin(DRIVER)

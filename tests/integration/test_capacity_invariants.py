@@ -42,7 +42,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 from support.observe import health_monitor, resource_names, unconfirmed_grants
 
 from sharing_plugin.backends import backend_from_spec
-from sharing_plugin.daemon.run.app import Daemon
+from sharing_plugin.daemon.run.app import NodeDevicePlugin
 from sharing_plugin.nvml.discover import discover
 from sharing_plugin.sim.kubelet.simulator import AdmissionError, KubeletSimulator
 
@@ -99,7 +99,7 @@ class CapacityMachine(RuleBasedStateMachine):
         self.counter = 0
         self.failed = False
         self.kubelet: KubeletSimulator | None = None
-        self.daemon: Daemon | None = None
+        self.daemon: NodeDevicePlugin | None = None
         self.run(self._start())
 
     # -- plumbing ------------------------------------------------------------------------------
@@ -120,7 +120,7 @@ class CapacityMachine(RuleBasedStateMachine):
         options = run_options(
             config_path=self.config, gpus=self.gpus, kubelet_dir=self.root, drain_recheck_s=0.05
         )
-        self.daemon = Daemon(options, nvml=backend_from_spec(self.gpus))
+        self.daemon = NodeDevicePlugin(options, nvml=backend_from_spec(self.gpus))
         await self.daemon.start()
         await self._settle()
 
@@ -130,7 +130,7 @@ class CapacityMachine(RuleBasedStateMachine):
         return self.kubelet
 
     @property
-    def d(self) -> Daemon:
+    def d(self) -> NodeDevicePlugin:
         assert self.daemon is not None
         return self.daemon
 

@@ -20,7 +20,7 @@ from support.configs import sliced
 from support.observe import messages_received
 
 from sharing_plugin.backends import backend_from_spec
-from sharing_plugin.daemon.run.app import Daemon
+from sharing_plugin.daemon.run.app import NodeDevicePlugin
 from sharing_plugin.sim.kubelet.simulator import AdmissionError, KubeletSimulator
 
 GPU = "nvidia.com/gpu"
@@ -141,10 +141,10 @@ async def test_draining_devices_stay_while_pod_resources_cannot_answer(
 
 
 @asynccontextmanager
-async def plugin(root: Path, config: Path) -> AsyncIterator[Daemon]:
+async def plugin(root: Path, config: Path) -> AsyncIterator[NodeDevicePlugin]:
     gpus = "simulated:dgx-a100-80gb"
     options = run_options(config_path=config, gpus=gpus, kubelet_dir=root, drain_recheck_s=0.05)
-    async with Daemon(options, nvml=backend_from_spec(gpus)) as daemon:
+    async with NodeDevicePlugin(options, nvml=backend_from_spec(gpus)) as daemon:
         yield daemon
 
 

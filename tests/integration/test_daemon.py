@@ -10,7 +10,7 @@ from daemon_harness import eventually, node_file, run_options, running
 from support.observe import health_monitor, next_applied, resource_names, servers
 
 from sharing_plugin.backends import backend_from_spec
-from sharing_plugin.daemon.run.app import Daemon
+from sharing_plugin.daemon.run.app import NodeDevicePlugin
 from sharing_plugin.nvml.discover import discover
 from sharing_plugin.plan import plan
 from sharing_plugin.sim.kubelet.simulator import KubeletSimulator
@@ -79,7 +79,7 @@ async def test_plugin_started_before_kubelet_registers_once_kubelet_appears(
     config = short_dir / "config.yaml"
     config.write_text(TIME_SLICING)
     options = run_options(config_path=config, gpus="simulated:t4x4", kubelet_dir=short_dir)
-    async with Daemon(options, nvml=backend_from_spec(options.source.gpus)) as daemon:
+    async with NodeDevicePlugin(options, nvml=backend_from_spec(options.source.gpus)) as daemon:
         assert not daemon.status.ready
         async with KubeletSimulator(short_dir, grace_period=0.2) as kubelet:
             await kubelet.wait_for(lambda: kubelet.capacity("nvidia.com/gpu") == 8, timeout=10)
@@ -132,7 +132,7 @@ async def test_gpus_that_appear_later_are_served_without_failon_init_error(
     options = run_options(config_path=config, gpus=gpus, kubelet_dir=short_dir, rediscover_s=0.05)
     async with (
         KubeletSimulator(short_dir, grace_period=0.2) as kubelet,
-        Daemon(options, nvml=backend_from_spec(gpus)) as daemon,
+        NodeDevicePlugin(options, nvml=backend_from_spec(gpus)) as daemon,
     ):
         assert daemon.supervisor.advertised is not None
         assert daemon.supervisor.advertised.resources == ()

@@ -8,7 +8,7 @@ from daemon_harness import eventually, running
 from prometheus_client.parser import text_string_to_metric_families
 
 from sharing_plugin import installed_version
-from sharing_plugin.daemon.run.app import Daemon
+from sharing_plugin.daemon.run.app import NodeDevicePlugin
 
 TIME_SLICING = """\
 version: v1
@@ -21,7 +21,7 @@ sharing:
 GPU = "nvidia.com/gpu"
 
 
-def series(daemon: Daemon, name: str) -> dict[frozenset[tuple[str, str]], float]:
+def series(daemon: NodeDevicePlugin, name: str) -> dict[frozenset[tuple[str, str]], float]:
     text = daemon.metrics.render().decode()
     return {
         frozenset(s.labels.items()): s.value

@@ -16,7 +16,7 @@ import realdra
 
 from sharing_plugin.backends import backend_from_spec
 from sharing_plugin.daemon.node.options import SourceOptions
-from sharing_plugin.daemon.run_dra.driver import DraDaemon, DraOptions
+from sharing_plugin.daemon.run_dra.driver import DraDriver, DraOptions
 from sharing_plugin.nvml.discover import discover
 from sharing_plugin.nvml.mig_ops import create_compute_instance, create_gpu_instance
 
@@ -46,7 +46,7 @@ async def test_a_claim_nvml_refuses_gets_nvmls_reason_at_the_kubelet(short_dir: 
     async with realdra.running("realdra136", short_dir, node=NODE) as real:
         client = lightkube.AsyncClient(config=lightkube.KubeConfig.from_file(real.kubeconfig))
         try:
-            async with DraDaemon(options, nvml=nvml, kube_client=client):
+            async with DraDriver(options, nvml=nvml, kube_client=client):
                 await real.ok({"cmd": "wait-plugin", "driver": DRIVER, "timeout": 15})
                 await real.wait_slices(5 + 25)  # five whole GPUs, GPU 3's placements
                 await real.create(_class())

@@ -19,7 +19,7 @@ import lightkube
 import pytest
 from dra_harness import DRIVER, dra_running
 
-from sharing_plugin.daemon.run_dra.driver import DraDaemon
+from sharing_plugin.daemon.run_dra.driver import DraDriver
 from sharing_plugin.dra.checkpoint import Checkpoint, checkpoint_path
 from sharing_plugin.dra.claims import ClaimRef
 
@@ -46,7 +46,7 @@ async def test_two_instances_share_the_claims_and_the_old_one_leaves_without_a_g
         client = lightkube.AsyncClient(
             config=lightkube.KubeConfig.from_file(short_dir / "kubeconfig")
         )
-        new = DraDaemon(old.options, nvml=run.nvml, kube_client=client)
+        new = DraDriver(old.options, nvml=run.nvml, kube_client=client)
         try:
             async with new:
                 async with asyncio.timeout(5):

@@ -22,7 +22,7 @@ from support.observe import next_applied
 from sharing_plugin.backends import backend_from_spec
 from sharing_plugin.config.loader import parse_configs
 from sharing_plugin.daemon.node.outcome import Rejected
-from sharing_plugin.daemon.run.app import Daemon
+from sharing_plugin.daemon.run.app import NodeDevicePlugin
 from sharing_plugin.errors import ConfigError, KubeApiError
 from sharing_plugin.sim.kubelet.simulator import KubeletSimulator
 from sharing_plugin.sources.kube import client_from_environment
@@ -156,7 +156,7 @@ async def test_kubelet_dir_that_does_not_exist_yet_registers_once_kubelet_comes(
 ) -> None:
     kubelet_dir = short_dir / "k"
     options = run_options(gpus="simulated:t4x4", kubelet_dir=kubelet_dir, drain_recheck_s=0.05)
-    async with Daemon(options, nvml=backend_from_spec(options.source.gpus)) as daemon:
+    async with NodeDevicePlugin(options, nvml=backend_from_spec(options.source.gpus)) as daemon:
         assert daemon.status.to_json()["lastError"] is None
         async with KubeletSimulator(kubelet_dir, grace_period=0.2, dial_timeout=2.0) as kubelet:
             await kubelet.wait_for(lambda: kubelet.capacity(GPU) == 4, timeout=5)

@@ -15,7 +15,7 @@ from sharing_plugin.daemon.node.health_monitor import HealthMonitor
 from sharing_plugin.daemon.node.outcome import Applied, Outcome, Outcomes, Rejected
 from sharing_plugin.daemon.node.pipeline import NodePipeline
 from sharing_plugin.daemon.run.supervisor import Supervisor
-from sharing_plugin.daemon.run_dra.pool import PoolKeeper
+from sharing_plugin.daemon.run_dra.pool import PoolWriter
 from sharing_plugin.kit.tasks import TaskOwner
 from sharing_plugin.kubelet.server import ResourceServer
 from sharing_plugin.plan.model import Plan
@@ -60,7 +60,7 @@ def tasks(owner: TaskOwner) -> frozenset[asyncio.Task[object]]:
 
 
 async def wait_published(
-    keeper: PoolKeeper,
+    keeper: PoolWriter,
     predicate: Callable[[tuple[PublishedDevice, ...]], bool],
     timeout: float = 5.0,  # noqa: ASYNC109
 ) -> tuple[PublishedDevice, ...]:

@@ -14,7 +14,7 @@ from sharing_plugin.usage.model import (
     HeldReplica,
     Holder,
     NvmlUsage,
-    UsageReport,
+    UsageSnapshot,
 )
 from sharing_plugin.usage.overshare import OverShareTracker, pods_on_shared_devices
 from sharing_plugin.usage.report import build_report
@@ -26,7 +26,7 @@ G0, G1 = (g.uuid for g in INVENTORY.gpus)
 A = Holder("ml", "a", "main")
 
 
-def report(*processes: GpuProcess) -> UsageReport:
+def report(*processes: GpuProcess) -> UsageSnapshot:
     return build_report(
         plan=plan(time_slicing({"name": GPU, "replicas": 2}), INVENTORY),
         inventory=INVENTORY,

@@ -21,7 +21,7 @@ from sharing_plugin.usage.model import (
     Holder,
     NvmlUsage,
     PodIdentity,
-    UsageReport,
+    UsageSnapshot,
 )
 from sharing_plugin.usage.report import build_report
 
@@ -49,7 +49,7 @@ def reading(
     held: list[HeldReplica],
     processes: list[GpuProcess],
     cgroups: dict[int, CgroupRef | None] | None = None,
-) -> UsageReport:
+) -> UsageSnapshot:
     cfg = config(
         memoryLimits={"enforce": enforce},
         sharing={"timeSlicing": {"resources": [{"name": GPU, "replicas": 4}]}},

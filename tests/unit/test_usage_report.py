@@ -15,7 +15,7 @@ from sharing_plugin.usage.model import (
     Holder,
     NvmlUsage,
     PodIdentity,
-    UsageReport,
+    UsageSnapshot,
 )
 from sharing_plugin.usage.overshare import OverShareTracker, pods_on_shared_devices
 from sharing_plugin.usage.report import build_report
@@ -53,7 +53,7 @@ def report(
     cgroups: dict[int, CgroupRef | None] | None = None,
     pods: dict[str, PodIdentity] | None = None,
     sampled: frozenset[str] = frozenset(),
-) -> UsageReport:
+) -> UsageSnapshot:
     return build_report(
         plan=PLAN,
         inventory=INVENTORY,
@@ -71,7 +71,7 @@ def report(
     )
 
 
-def rows(r: UsageReport) -> dict[tuple[str, str, str], tuple[int, int, tuple[int, ...]]]:
+def rows(r: UsageSnapshot) -> dict[tuple[str, str, str], tuple[int, int, tuple[int, ...]]]:
     """(device, pod, container) -> (memory, share, pids); unattributed as pod '' per pid."""
     return {
         (c.device, c.holder.pod, c.holder.container): (c.memory, c.share, c.pids)

@@ -1,6 +1,6 @@
 """What a serving command and the node pipeline say to each other.
 
-A command tells its pipeline which steps beyond config -> plan it has (`PipelineFeatures`) and
+A command tells its pipeline which steps beyond config -> plan it has (`PipelineOptions`) and
 is its `PlanConsumer`: it is handed a `NodeView` for every change and never reads the pipeline
 back. `check` returns whatever `apply` needs, so a value found while checking is the one served
 (`run-dra`'s pool), with nothing carried between the two in the consumer itself.
@@ -27,7 +27,7 @@ Checked = TypeVar("Checked")
 
 
 @dataclass(frozen=True, slots=True)
-class PipelineFeatures:
+class PipelineOptions:
     """What a command's pipeline does beyond config -> plan: GPU health watching
     (`health_env`: `run`, `run-dra`), carrying out `partitioning.mig` (`mig_held_by`: which MIG
     devices are held, retried every `mig_retry_s` while a layout waits; `dynamic_mig`: why
@@ -42,7 +42,7 @@ class PipelineFeatures:
     node_report: NodeReportOptions | None = None
 
 
-NO_FEATURES = PipelineFeatures()
+PLAIN_PIPELINE = PipelineOptions()
 """Config to plan only (`mps-control`)."""
 
 

@@ -32,7 +32,12 @@ from typing import TYPE_CHECKING, Generic
 from sharing_plugin.config.loader import LoadedConfig
 from sharing_plugin.config.memory import hook_path
 from sharing_plugin.config.model import Config
-from sharing_plugin.daemon.node.consumer import NO_FEATURES, Checked, PipelineFeatures, PlanConsumer
+from sharing_plugin.daemon.node.consumer import (
+    PLAIN_PIPELINE,
+    Checked,
+    PipelineOptions,
+    PlanConsumer,
+)
 from sharing_plugin.daemon.node.discovery import GpuDiscovery
 from sharing_plugin.daemon.node.gpu_health import NodeHealth
 from sharing_plugin.daemon.node.kube import ConfigFeed, config_feed
@@ -62,7 +67,7 @@ _FOLLOW_BACKOFF_S = (0.2, 10.0)
 
 class NodePipeline(Generic[Checked]):
     """Follows the config and the node, and hands each outcome to `consumer` (see the module
-    doc), with the `features` its command has."""
+    doc), with the `pipeline_options` its command gives."""
 
     def __init__(
         self,
@@ -73,7 +78,7 @@ class NodePipeline(Generic[Checked]):
         tasks: TaskOwner,
         reports: Reports,
         kube_client: AsyncClient | None = None,
-        features: PipelineFeatures = NO_FEATURES,
+        pipeline_options: PipelineOptions = PLAIN_PIPELINE,
     ) -> None:
         self.options = options
         self.nvml = nvml
@@ -83,14 +88,14 @@ class NodePipeline(Generic[Checked]):
             client=kube_client,
             tasks=tasks,
             reports=reports,
-            node_report=features.node_report,
+            node_report=pipeline_options.node_report,
             on_label=lambda: self.source.trigger(Trigger.LABEL_CHANGED) if self.source else None,
         )
         self._consumer = consumer
         self._tasks = tasks
-        self._mig_held_by = features.mig_held_by
-        self._mig_retry_s = features.mig_retry_s
-        self._dynamic_mig = features.dynamic_mig
+        self._mig_held_by = pipeline_options.mig_held_by
+        self._mig_retry_s = pipeline_options.mig_retry_s
+        self._dynamic_mig = pipeline_options.dynamic_mig
         self._lock = asyncio.Lock()
         self.source: ConfigFeed | None = None
         self._discovery = GpuDiscovery(
@@ -102,7 +107,7 @@ class NodePipeline(Generic[Checked]):
         self._layouts: MigLayouts | None = None
         self._applied: Applied | None = None
         self._health = NodeHealth(
-            features.health_env,
+            pipeline_options.health_env,
             nvml=nvml,
             metrics=reports.metrics,
             tasks=tasks,

@@ -13,7 +13,7 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Generic
 
-from sharing_plugin.daemon.node.consumer import NO_FEATURES, Checked, PipelineFeatures
+from sharing_plugin.daemon.node.consumer import PLAIN_PIPELINE, Checked, PipelineOptions
 from sharing_plugin.daemon.node.options import SourceOptions
 from sharing_plugin.daemon.node.outcome import NodeView, Served
 from sharing_plugin.daemon.node.pipeline import NodePipeline
@@ -41,7 +41,7 @@ class NodeService(Service, Generic[Checked]):
         nvml: NvmlApi,
         kube_client: AsyncClient | None,
         reports: Reports,
-        features: PipelineFeatures = NO_FEATURES,
+        pipeline_options: PipelineOptions = PLAIN_PIPELINE,
     ) -> None:
         self._stop = asyncio.Event()
         self._tasks = TaskOwner(name)
@@ -53,7 +53,7 @@ class NodeService(Service, Generic[Checked]):
             tasks=self._tasks,
             reports=reports,
             kube_client=kube_client,
-            features=features,
+            pipeline_options=pipeline_options,
         )
 
     def request_stop(self) -> None:
@@ -91,7 +91,7 @@ class ObservedService(NodeService[Checked]):
         nvml: NvmlApi,
         kube_client: AsyncClient | None,
         metrics_address: tuple[str, int] | None,
-        features: PipelineFeatures = NO_FEATURES,
+        pipeline_options: PipelineOptions = PLAIN_PIPELINE,
     ) -> None:
         self.metrics = Metrics()
         self.status = StatusBoard()
@@ -103,7 +103,7 @@ class ObservedService(NodeService[Checked]):
             nvml=nvml,
             kube_client=kube_client,
             reports=Reports(status=self.status, metrics=self.metrics),
-            features=features,
+            pipeline_options=pipeline_options,
         )
 
     async def start_metrics_server(

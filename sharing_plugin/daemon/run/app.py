@@ -1,6 +1,6 @@
 """`run`: the node pipeline's plans served to kubelet as device plugin resources.
 
-    async with Daemon(options, nvml=backend_from_spec(options.source.gpus)) as daemon:
+    async with NodeDevicePlugin(options, nvml=backend_from_spec(options.source.gpus)) as daemon:
         await daemon.wait_stopped()      # until request_stop() (SIGTERM/SIGINT) is called
 
 Start order (each gate before the next): the metrics server, the API side of the pipeline,
@@ -23,7 +23,7 @@ from collections.abc import Collection
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from sharing_plugin.daemon.node.consumer import PipelineFeatures
+from sharing_plugin.daemon.node.consumer import PipelineOptions
 from sharing_plugin.daemon.node.outcome import Applied, NodeView, Served
 from sharing_plugin.daemon.node.service import ObservedService
 from sharing_plugin.daemon.run.memory_spec import MemoryLimitSpec
@@ -44,7 +44,7 @@ if TYPE_CHECKING:
     from lightkube import AsyncClient
 
 
-class Daemon(ObservedService[None]):
+class NodeDevicePlugin(ObservedService[None]):
     """One running device plugin; an async context manager that starts in order and stops
     cleanly."""
 
@@ -60,11 +60,11 @@ class Daemon(ObservedService[None]):
         self.options = options
         super().__init__(
             options.source,
-            name="daemon",
+            name="device-plugin",
             nvml=nvml,
             kube_client=kube_client,
             metrics_address=options.metrics_address,
-            features=PipelineFeatures(
+            pipeline_options=PipelineOptions(
                 health_env=options.health_env,
                 mig_held_by=self._held_by,
                 mig_retry_s=options.drain_recheck_s,

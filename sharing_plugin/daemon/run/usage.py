@@ -8,7 +8,7 @@
 
 A reading is one pass over NVML (every GPU's processes, memory and utilization, in a worker
 thread), the cgroups of the pids it lists, and PodResources; `usage.report` turns it into a
-`UsageReport`. It is made when someone asks (a scrape, `/status`) and shared by every request
+`UsageSnapshot`. It is made when someone asks (a scrape, `/status`) and shared by every request
 within a second, so parallel scrapes cost one pass and a node nobody scrapes reads nothing.
 
 Over-share detection needs to look without being asked, but only while it matters: a check
@@ -54,7 +54,7 @@ if TYPE_CHECKING:
     from sharing_plugin.observability.usage import UsageView
     from sharing_plugin.sources.pods import NodePods
     from sharing_plugin.sources.proc import CgroupReader
-    from sharing_plugin.usage.model import CgroupRef, NvmlUsage, PodIdentity, UsageReport
+    from sharing_plugin.usage.model import CgroupRef, NvmlUsage, PodIdentity, UsageSnapshot
     from sharing_plugin.usage.overshare import Exceeded, OverShareTracker
 
 log = logging.getLogger(__name__)
@@ -207,7 +207,7 @@ class UsageMonitor:
             self._wake()
 
     async def _mend_caps(
-        self, report: UsageReport, cgroups: Mapping[int, CgroupRef | None]
+        self, report: UsageSnapshot, cgroups: Mapping[int, CgroupRef | None]
     ) -> None:
         """Caps the hook did not set, set now (see `late_caps`)."""
         from sharing_plugin.daemon.run.late_caps import LateCaps

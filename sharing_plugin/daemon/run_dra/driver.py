@@ -1,7 +1,7 @@
 """`run-dra`: the node pipeline's plans served as a DRA kubelet plugin (docs/contract.md, "DRA
 mode").
 
-    async with DraDaemon(options, nvml=backend_from_spec(options.source.gpus)) as daemon:
+    async with DraDriver(options, nvml=backend_from_spec(options.source.gpus)) as daemon:
         await daemon.wait_stopped()      # until request_stop() (SIGTERM/SIGINT) is called
 
 Start order: the API (credentials, then which resource.k8s.io version the server serves), the
@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from sharing_plugin.daemon.node.consumer import PipelineFeatures
+from sharing_plugin.daemon.node.consumer import PipelineOptions
 from sharing_plugin.daemon.node.health_monitor import HealthEnv
 from sharing_plugin.daemon.node.options import SourceOptions
 from sharing_plugin.daemon.node.outcome import Applied, NodeView, Outcome, Served
@@ -45,7 +45,7 @@ from sharing_plugin.daemon.run_dra.conflicts import (
 )
 from sharing_plugin.daemon.run_dra.features import ServerFeatures
 from sharing_plugin.daemon.run_dra.mig import NodePartitioner, claim_holders
-from sharing_plugin.daemon.run_dra.pool import PoolKeeper
+from sharing_plugin.daemon.run_dra.pool import PoolWriter
 from sharing_plugin.dra.checkpoint import Checkpoint, checkpoint_path
 from sharing_plugin.dra.claims import ApiClaimReader
 from sharing_plugin.dra.health import DeviceHealthServicer
@@ -82,7 +82,7 @@ class DraOptions:
     publish_backoff_s: tuple[float, float] = (0.2, 10.0)
 
 
-class DraDaemon(ObservedService[PoolState]):
+class DraDriver(ObservedService[PoolState]):
     """One running DRA kubelet plugin; an async context manager that starts in order."""
 
     def __init__(
@@ -91,7 +91,7 @@ class DraDaemon(ObservedService[PoolState]):
         self.options = options
         self.health: DeviceHealthServicer | None = None
         self.preparer: ClaimPreparer | None = None
-        self.keeper: PoolKeeper | None = None
+        self.keeper: PoolWriter | None = None
         self.server: DraPluginServer | None = None
         super().__init__(
             options.source,
@@ -99,7 +99,7 @@ class DraDaemon(ObservedService[PoolState]):
             nvml=nvml,
             kube_client=kube_client,
             metrics_address=options.metrics_address,
-            features=PipelineFeatures(
+            pipeline_options=PipelineOptions(
                 health_env=options.health_env,
                 mig_held_by=self._held_by,
                 dynamic_mig=lambda: self.server_features.dynamic_refused(),
@@ -142,7 +142,7 @@ class DraDaemon(ObservedService[PoolState]):
             ),
         )
         self.health = DeviceHealthServicer(pool=node)
-        self.keeper = PoolKeeper(
+        self.keeper = PoolWriter(
             SlicePublisher(client, driver=driver, node_name=node, api_version=version),
             features=self.server_features,
             held=self.preparer.held,

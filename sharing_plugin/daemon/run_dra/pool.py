@@ -40,7 +40,7 @@ from sharing_plugin.views.dra_shares import OldShares, old_shares
 log = logging.getLogger(__name__)
 
 
-class PoolKeeper:
+class PoolWriter:
     """Publishes the pool through `publisher` whenever it changes; see the module docstring."""
 
     def __init__(
