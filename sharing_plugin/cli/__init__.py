@@ -16,7 +16,7 @@ from typing import Any
 from sharing_plugin.cli import check, demo, dra, mps, plan, run, top
 from sharing_plugin.cli.common import EXIT_INVALID, EXIT_OK, EXIT_USAGE
 
-__all__ = ["EXIT_INVALID", "EXIT_OK", "EXIT_USAGE", "main"]
+__all__ = ["EXIT_INVALID", "EXIT_OK", "EXIT_USAGE", "kubectl_main", "main"]
 
 
 class _VersionAction(argparse.Action):
@@ -33,9 +33,9 @@ class _VersionAction(argparse.Action):
         parser.exit()
 
 
-def _parser() -> argparse.ArgumentParser:
+def _parser(prog: str = "sharing-plugin") -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="sharing-plugin",
+        prog=prog,
         description="Kubernetes device plugin for NVIDIA GPUs: time-slicing, MIG and MPS.",
     )
     parser.add_argument("--version", action=_VersionAction)
@@ -45,8 +45,14 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = _parser()
+def kubectl_main(argv: Sequence[str] | None = None) -> int:
+    """`kubectl-sharing`: the same commands as a kubectl plugin (`kubectl sharing top
+    --cluster`): kubectl runs `kubectl-sharing` from PATH with the words after `sharing`."""
+    return main(argv, prog="kubectl sharing")
+
+
+def main(argv: Sequence[str] | None = None, *, prog: str = "sharing-plugin") -> int:
+    parser = _parser(prog)
     try:
         args = parser.parse_args(argv)
     except SystemExit as exc:  # argparse exits 2 on usage errors, 0 on --help

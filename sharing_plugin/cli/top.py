@@ -39,10 +39,49 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         (("--url", "SHARING_PLUGIN_URL", DEFAULT_URL, "the plugin's metrics address, as a URL"),),
     )
     top.add_argument("--once", action="store_true", help="print one frame and exit")
+    top.add_argument(
+        "--cluster",
+        action="store_true",
+        help="every node's plugin, through the API server's pod proxy (not --url)",
+    )
+    top.add_argument("--node", default=None, help="with --cluster: this node's plugin only")
+    top.add_argument(
+        "--namespace", default=None, help="with --cluster: only the containers of this namespace"
+    )
+    add_env_flags(
+        top,
+        (
+            (
+                "--plugin-namespace",
+                "SHARING_PLUGIN_NAMESPACE",
+                "kube-system",
+                "with --cluster: the namespace the plugin's pods run in",
+            ),
+            (
+                "--selector",
+                "SHARING_PLUGIN_SELECTOR",
+                "app.kubernetes.io/name=gpu-sharing-plugin",
+                "with --cluster: the label selector of the plugin's pods",
+            ),
+            (
+                "--timeout",
+                "SHARING_PLUGIN_TIMEOUT",
+                "5",
+                "with --cluster: seconds each node's plugin has to answer",
+            ),
+        ),
+    )
     top.set_defaults(func=_cmd_top)
 
 
 def _cmd_top(args: argparse.Namespace) -> int:
+    if args.cluster:
+        from sharing_plugin.cli import top_cluster
+
+        return top_cluster.command(args)
+    if args.node or args.namespace:
+        print("sharing-plugin top: --node and --namespace need --cluster", file=sys.stderr)
+        return EXIT_USAGE
     try:
         url = status_url(args.url)
     except ValueError as exc:

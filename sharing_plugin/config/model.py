@@ -224,6 +224,10 @@ class MpsSharing(Sharing):
     """Refuse containers that request more than one replica (MPS default: true)."""
     resources: tuple[MpsResource, ...] = Field(json_schema_extra={"minItems": 1})
     """The resources to share, each with its own MPS control daemon; at least one."""
+    multi_user: StrictBool = False
+    """Start each control daemon in multi-user mode (`nvidia-cuda-mps-control -d -M`), so
+    containers running as different UIDs share it; its pipe directory is then open to every
+    UID (default: one UID per daemon at a time, MPS's own default)."""
 
 
 class SharingSection(Strict):

@@ -8,6 +8,9 @@ command fails. The daemon writes its pid to `nvidia-cuda-mps-control.pid` in the
 directory. `MpsControl` lists exactly that; `ControlBinary` is the real thing, and the tests
 run it against a stand-in executable of their own, so this code is what they exercise.
 
+`-M` (with `-d`) starts the daemon in multi-user mode: one MPS server serves clients of every
+UID, where by default MPS serves the clients of one UID at a time.
+
 The daemonising `-d` call gets files, not pipes, for its output: a daemon that kept an
 inherited pipe open would make reading it wait for the daemon's death.
 """
@@ -45,9 +48,15 @@ class MpsControl(Protocol):
     """What the plugin asks of the MPS control binary."""
 
     async def start_daemon(
-        self, *, pipe_directory: Path, log_directory: Path, devices: Sequence[str]
+        self,
+        *,
+        pipe_directory: Path,
+        log_directory: Path,
+        devices: Sequence[str],
+        multi_user: bool = False,
     ) -> None:
-        """`-d`: start a control daemon for `devices` (UUIDs); returns once it runs."""
+        """`-d` (`-d -M` for `multi_user`): start a control daemon for `devices` (UUIDs);
+        returns once it runs."""
         ...
 
     async def send(self, pipe_directory: Path, commands: Sequence[str]) -> str:
@@ -70,20 +79,26 @@ class ControlBinary:
         return {**os.environ, "CUDA_MPS_PIPE_DIRECTORY": str(pipe_directory), **extra}
 
     async def start_daemon(
-        self, *, pipe_directory: Path, log_directory: Path, devices: Sequence[str]
+        self,
+        *,
+        pipe_directory: Path,
+        log_directory: Path,
+        devices: Sequence[str],
+        multi_user: bool = False,
     ) -> None:
+        args = ("-d", "-M") if multi_user else ("-d",)
         env = self._env(
             pipe_directory,
             CUDA_MPS_LOG_DIRECTORY=str(log_directory),
             CUDA_VISIBLE_DEVICES=",".join(devices),
         )
         with tempfile.TemporaryFile() as output:
-            process = await self._spawn(("-d",), env, stdin=None, output=output)
-            code = await self._wait(process, "-d")
+            process = await self._spawn(args, env, stdin=None, output=output)
+            code = await self._wait(process, " ".join(args))
             output.seek(0)
             text = output.read().decode(errors="replace").strip()
         if code != 0:
-            raise MpsError(f"{self.path} -d exited {code}: {text or 'no output'}")
+            raise MpsError(f"{self.path} {' '.join(args)} exited {code}: {text or 'no output'}")
 
     async def send(self, pipe_directory: Path, commands: Sequence[str]) -> str:
         process = await self._spawn(

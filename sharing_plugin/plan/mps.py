@@ -13,6 +13,12 @@ its ordinal among the daemon's visible devices: that is how MPS numbers devices 
 
 `fingerprint` names what a running daemon was started for: the control side restarts a daemon
 only when it changes, and adopts one whose fingerprint matches after its own restart.
+
+Multi-user mode (`sharing.mps.multiUser`) is part of what a daemon was started for (`-M` is a
+start flag: a running daemon cannot take it up), so it is in the fingerprint; only when on, so
+the daemons of configs that never set it keep the fingerprint they were started with.
+Without it MPS serves one UID at a time, and pods running as another user cannot use the
+resource. With it the pipe directory must be reachable by every UID: its mode says so.
 """
 
 from __future__ import annotations
@@ -30,6 +36,15 @@ from sharing_plugin.gpus.inventory import Gpu
 
 PIPE = "pipe"
 LOG = "log"
+SHM = "shm"
+
+# Multi-user: clients of any UID connect to the sockets in the pipe directory and the server
+# writes beside them, so it is world-writable; sticky, so no client removes another's socket
+# (as /tmp). Its parent must be searchable by all. The log directory is written by the server
+# MPS starts, which may run as a client's UID. The shared memory directory (mounted at
+# /dev/shm in clients) is written by every client, as /dev/shm is.
+MULTI_USER_MODES = {PIPE: 0o1777, LOG: 0o1777, SHM: 0o1777}
+MULTI_USER_ROOT_MODE = 0o755
 
 # CUDA MPS serves at most 48 clients per GPU from Volta's successors with compute capability 7.5
 # on, 16 before (CUDA MPS documentation, "Limitations").
@@ -79,6 +94,7 @@ class MpsDaemon:
     root: str  # <mpsRoot>/<resource>
     devices: tuple[MpsDevice, ...]
     active_thread_percentage: int
+    multi_user: bool = False  # `-M`: clients of every UID share the daemon
 
     @property
     def pipe_directory(self) -> str:
@@ -87,6 +103,11 @@ class MpsDaemon:
     @property
     def log_directory(self) -> str:
         return f"{self.root}/{LOG}"
+
+    @property
+    def shm_directory(self) -> str:
+        """`<mpsRoot>/shm`, which Allocate mounts at /dev/shm: shared by every resource."""
+        return f"{self.root[: -len(self.resource) - 1]}/{SHM}"
 
     @property
     def gpus(self) -> tuple[str, ...]:
@@ -113,9 +134,10 @@ class MpsDaemon:
     @property
     def fingerprint(self) -> str:
         """Stable across processes: what the daemon was started for (GPUs and limits)."""
-        text = json.dumps(
-            {"gpus": self.gpus, **self.limits(), "root": self.root}, sort_keys=True
-        ).encode()
+        started_for: dict[str, Any] = {"gpus": self.gpus, **self.limits(), "root": self.root}
+        if self.multi_user:
+            started_for["multiUser"] = True
+        text = json.dumps(started_for, sort_keys=True).encode()
         return hashlib.sha256(text).hexdigest()[:16]
 
 
@@ -129,7 +151,9 @@ class MpsGpu:
     share: MpsShare
 
 
-def mps_daemon(resource: str, *, mps_root: str, gpus: Sequence[MpsGpu]) -> MpsDaemon:
+def mps_daemon(
+    resource: str, *, mps_root: str, gpus: Sequence[MpsGpu], multi_user: bool = False
+) -> MpsDaemon:
     """The control daemon of `resource` over `gpus` (in advertised order), with its limits."""
     devices = tuple(
         MpsDevice(
@@ -159,6 +183,7 @@ def mps_daemon(resource: str, *, mps_root: str, gpus: Sequence[MpsGpu]) -> MpsDa
         root=resource_root(mps_root, resource),
         devices=devices,
         active_thread_percentage=threads,
+        multi_user=multi_user,
     )
 
 

@@ -257,7 +257,13 @@ def apply_sharing(
         sources,
         problems=tuple(problems),
         warnings=tuple(warnings),
-        mps=_mps_daemons(out, shares, inventory, config.flags.mps_root),
+        mps=_mps_daemons(
+            out,
+            shares,
+            inventory,
+            config.flags.mps_root,
+            multi_user=config.sharing.mps is not None and config.sharing.mps.multi_user,
+        ),
     )
 
 
@@ -266,6 +272,8 @@ def _mps_daemons(
     shares: dict[str, _Share],
     inventory: Inventory,
     mps_root: str,
+    *,
+    multi_user: bool,
 ) -> tuple[MpsDaemon, ...]:
     """One control daemon per resource that holds MPS replicas, over their GPUs."""
     daemons = []
@@ -281,5 +289,7 @@ def _mps_daemons(
                 MpsGpu(uuid=gpu.uuid, index=gpu.index, memory_mib=gpu.memory_mib, share=share.mps),
             )
         if gpus:
-            daemons.append(mps_daemon(name, mps_root=mps_root, gpus=list(gpus.values())))
+            daemons.append(
+                mps_daemon(name, mps_root=mps_root, gpus=list(gpus.values()), multi_user=multi_user)
+            )
     return tuple(daemons)

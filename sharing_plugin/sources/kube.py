@@ -40,7 +40,8 @@ from typing import TYPE_CHECKING, Any, NoReturn, cast
 from sharing_plugin.errors import KubeApiError
 
 if TYPE_CHECKING:
-    from lightkube import AsyncClient
+    import httpx2 as httpx
+    from lightkube import AsyncClient, KubeConfig
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +59,40 @@ def client_from_environment(
 ) -> AsyncClient | None:
     """A client with the in-cluster service account, else `KUBECONFIG` (or ~/.kube/config);
     None when there is neither. Exec-plugin credentials (EKS, GKE, AKS) work as in kubectl."""
+    found = _credentials(environ, service_account_dir)
+    return None if found is None else _client(*found)
+
+
+def http_from_environment(
+    environ: Mapping[str, str] | None = None,
+    *,
+    timeout_s: float,
+    service_account_dir: Path = SERVICE_ACCOUNT_DIR,
+) -> httpx.AsyncClient | None:
+    """An HTTP client for the API server (its base URL, CA and credentials found as the typed
+    client's are), for paths the typed client has no call for (a pod's proxy); None when there
+    are no credentials."""
+    from lightkube.config import client_adapter
+
+    found = _credentials(environ, service_account_dir)
+    if found is None:
+        return None
+    config = _config(*found).get()
+    if config is None:
+        raise KubeApiError(f"kubeconfig {found[0]}: no current context")
+    params = client_adapter.ConnectionParams(timeout=httpx_timeout(timeout_s))
+    return client_adapter.AsyncClient(config, params)
+
+
+def httpx_timeout(seconds: float) -> httpx.Timeout:
+    import httpx2 as httpx
+
+    return httpx.Timeout(seconds)
+
+
+def _credentials(
+    environ: Mapping[str, str] | None, service_account_dir: Path
+) -> tuple[Path, bool] | None:
     env = os.environ if environ is None else environ
     if (service_account_dir / "token").is_file():
         source = service_account_dir
@@ -67,16 +102,22 @@ def client_from_environment(
         source = default
     else:
         return None
-    return _client(source, service_account=source == service_account_dir)
+    return source, source == service_account_dir
 
 
 def client_from_kubeconfig(path: str | Path) -> AsyncClient:
     """A client for the kubeconfig file at `path`."""
-    return _client(Path(path), service_account=False)
+    return _client(Path(path), False)
 
 
-def _client(source: Path, *, service_account: bool) -> AsyncClient:
-    from lightkube import AsyncClient, KubeConfig
+def _client(source: Path, service_account: bool) -> AsyncClient:
+    from lightkube import AsyncClient
+
+    return AsyncClient(config=_config(source, service_account))
+
+
+def _config(source: Path, service_account: bool) -> KubeConfig:
+    from lightkube import KubeConfig
 
     try:
         if service_account:
@@ -87,7 +128,7 @@ def _client(source: Path, *, service_account: bool) -> AsyncClient:
         what = "service account" if service_account else "kubeconfig"
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise KubeApiError(f"{what} {source}: cannot read: {first}") from exc
-    return AsyncClient(config=config)
+    return config
 
 
 @dataclass(frozen=True, slots=True)

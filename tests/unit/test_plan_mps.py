@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 from dataclasses import replace
 from typing import Any
 
@@ -66,6 +68,21 @@ def test_the_fingerprint_follows_gpus_and_limits_only() -> None:
     one_gpu = plan(mps({"name": "gpu", "replicas": 4, "devices": [0]}), mixed()).mps[0]
     assert same.mps[0].fingerprint == four.fingerprint
     assert len({four.fingerprint, two.fingerprint, one_gpu.fingerprint}) == 3
+
+
+def test_multi_user_is_in_the_fingerprint_only_when_on() -> None:
+    single = plan(mps({"name": "gpu", "replicas": 4}), mixed()).mps[0]
+    multi = plan(mps({"name": "gpu", "replicas": 4}, multiUser=True), mixed()).mps[0]
+    off = plan(mps({"name": "gpu", "replicas": 4}, multiUser=False), mixed()).mps[0]
+    assert (single.multi_user, multi.multi_user) == (False, True)
+    assert multi.limits() == single.limits()
+    # -M is a start flag: turning it on or off restarts the daemon...
+    assert multi.fingerprint != single.fingerprint
+    # ...while daemons of configs that never set it keep the fingerprint they started with.
+    started_for = {"gpus": single.gpus, **single.limits(), "root": single.root}
+    text = json.dumps(started_for, sort_keys=True).encode()
+    assert single.fingerprint == off.fingerprint == hashlib.sha256(text).hexdigest()[:16]
+    assert single.shm_directory == "/run/nvidia/mps/shm"
 
 
 def test_no_daemon_without_mps() -> None:

@@ -9,6 +9,9 @@ next heartbeat, at which it asks the daemon and confirms the state file. A daemo
 stops answering is restarted with backoff (0.2 s doubling to 10 s, back to 0.2 s once a daemon
 stayed up for `stable_s`); each state change is written to the state file at once, which is how
 the plugin learns to advertise the resource's devices as Unhealthy within a second.
+
+A multi-user daemon (`-M`) gets directories every UID can reach before it starts; a daemon
+that is no longer multi-user gets them closed again, so toggling the key back is complete.
 """
 
 from __future__ import annotations
@@ -39,11 +42,19 @@ from sharing_plugin.mps.control import (
     set_default_active_thread_percentage,
     set_default_device_pinned_mem_limit,
 )
-from sharing_plugin.plan.mps import MpsDaemon
+from sharing_plugin.plan.mps import (
+    LOG,
+    MULTI_USER_MODES,
+    MULTI_USER_ROOT_MODE,
+    PIPE,
+    SHM,
+    MpsDaemon,
+)
 
 log = logging.getLogger(__name__)
 
 _QUIT_WAIT_S = 5.0
+_SINGLE_USER_MODE = 0o755
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,7 +157,7 @@ class DaemonKeeper:
 
     async def _start(self) -> None:
         spec = self.spec
-        await asyncio.to_thread(_make_dirs, self.pipe, Path(spec.log_directory))
+        await asyncio.to_thread(_make_dirs, spec)
         leftover = self._control.daemon_pid(self.pipe)
         if leftover is not None and process_alive(leftover):
             await self._stop_running(leftover, why="it was started for other GPUs or limits")
@@ -156,6 +167,7 @@ class DaemonKeeper:
             pipe_directory=self.pipe,
             log_directory=Path(spec.log_directory),
             devices=spec.gpus,
+            multi_user=spec.multi_user,
         )
         self.pid = self._control.daemon_pid(self.pipe)
         commands = [
@@ -172,9 +184,10 @@ class DaemonKeeper:
             await self._stop_running(self.pid, why="its limits could not be set")
             raise
         log.info(
-            "MPS daemon for %s started (pid %s) on %d GPU(s): %d%% threads, pinned memory %s",
+            "MPS daemon for %s started (pid %s%s) on %d GPU(s): %d%% threads, pinned memory %s",
             spec.resource,
             self.pid,
+            ", multi-user" if spec.multi_user else "",
             len(spec.devices),
             spec.active_thread_percentage,
             ", ".join(d.pinned_memory_limit for d in spec.devices),
@@ -242,9 +255,23 @@ class DaemonKeeper:
         )
 
 
-def _make_dirs(*directories: Path) -> None:
-    for directory in directories:
+def _make_dirs(spec: MpsDaemon) -> None:
+    pipe, logs = Path(spec.pipe_directory), Path(spec.log_directory)
+    for directory in (pipe, logs):
         directory.mkdir(parents=True, exist_ok=True)
+    if spec.multi_user:
+        # mkdir's mode passes through the umask: the bits are set explicitly.
+        root = Path(spec.root)
+        root.chmod(root.stat().st_mode & 0o7777 | MULTI_USER_ROOT_MODE)
+        shm = Path(spec.shm_directory)
+        shm.mkdir(parents=True, exist_ok=True)
+        for directory, mode in ((pipe, MULTI_USER_MODES[PIPE]), (logs, MULTI_USER_MODES[LOG])):
+            directory.chmod(mode)
+        shm.chmod(MULTI_USER_MODES[SHM])
+        return
+    for directory, mode in ((pipe, MULTI_USER_MODES[PIPE]), (logs, MULTI_USER_MODES[LOG])):
+        if directory.stat().st_mode & 0o7777 == mode:  # opened for a multi-user daemon before
+            directory.chmod(_SINGLE_USER_MODE)
 
 
 def _kill(pid: int) -> None:

@@ -14,14 +14,28 @@ carries only what a node runs.
 
 from __future__ import annotations
 
+import os
+import stat
+import subprocess
 import sys
 from pathlib import Path
 
 from support.mps.control import CONTROL_SOCKET, PID_FILE
 
-__all__ = ["CONTROL_SOCKET", "PID_FILE", "alive", "pid_of", "write_wrapper"]
+__all__ = [
+    "CONTROL_SOCKET",
+    "NOBODY",
+    "PID_FILE",
+    "alive",
+    "client_as",
+    "interpreter_for_others",
+    "pid_of",
+    "write_wrapper",
+]
 
 WRAPPER_NAME = "nvidia-cuda-mps-control"
+NOBODY = 65534
+_SCRIPT = Path(__file__).resolve().parent / "control.py"
 
 
 def write_wrapper(directory: Path, *, python: str = sys.executable) -> Path:
@@ -59,3 +73,40 @@ def alive(pid: int) -> bool:
             return stat.read().rpartition(")")[2].split()[0] != "Z"
     except OSError:
         return False
+
+
+def interpreter_for_others() -> str | None:
+    """A Python another UID may run (every directory above it searchable), or None.
+
+    A virtual environment under root's home is not; the system's interpreter usually is.
+    """
+    for candidate in (sys.executable, "/usr/bin/python3"):
+        real = Path(candidate).resolve()
+        if real.is_file() and all(_others_may(p, stat.S_IXOTH) for p in (real, *real.parents)):
+            return str(real)
+    return None
+
+
+def _others_may(path: Path, bit: int) -> bool:
+    try:
+        return bool(path.stat().st_mode & bit)
+    except OSError:
+        return False
+
+
+def client_as(uid: int, pipe: Path, *, python: str) -> subprocess.CompletedProcess[str]:
+    """A CUDA client of `uid` connecting to the daemon of `pipe` (the stand-in's `sim_client`),
+    as a process of that user: the daemon sees its UID on the socket. Needs root."""
+    return subprocess.run(
+        [python, str(_SCRIPT)],
+        input="sim_client\n",
+        capture_output=True,
+        text=True,
+        env={"CUDA_MPS_PIPE_DIRECTORY": str(pipe), "PATH": os.environ.get("PATH", "")},
+        user=uid,
+        group=uid,
+        extra_groups=[],
+        cwd="/",
+        timeout=10,
+        check=False,
+    )

@@ -10,6 +10,16 @@ fails while another one serves the same pipe directory; the commands `get_server
 the real one's message. Added for tests: `sim_die` makes the daemon exit at once without
 cleaning up, as a crash would (SIGKILL of the pid does the same).
 
+Users, as MPS has them: the daemon starts an MPS server for the UID of its first client and,
+unless started with `-M` (`-d -M`, multi-user), serves no client of another UID while that
+server runs; the real daemon queues such a client until the server is gone, the stand-in
+refuses it at once (its server never exits), so a test sees the refusal without waiting. With
+`-M` one server serves every UID. `sim_client` is what a CUDA application's connection does
+(stand-in only): the daemon takes the client's UID from the socket (SO_PEERCRED), so a test
+runs it as another user to be refused or served. The control socket is open to every UID, as
+the real daemon's are: who may use the daemon is the daemon's decision, and whether a client
+reaches the socket at all is the pipe directory's mode.
+
 The daemon and its clients talk over a unix socket `control` in the pipe directory, one
 connection per command: a status line (`ok` or `error`) then the answer.
 """
@@ -21,6 +31,7 @@ import os
 import re
 import signal
 import socket
+import struct
 import sys
 import time
 from collections.abc import Mapping, Sequence
@@ -42,14 +53,16 @@ class _Limits:
     devices: int
     thread_percentage: float = 100.0
     pinned: dict[int, str] = field(default_factory=dict)
+    multi_user: bool = False
+    server_uid: int | None = None  # the UID the MPS server runs for, once a client came
 
 
 def main(argv: Sequence[str], *, stdin: TextIO | None = None) -> int:
     env = os.environ
     pipe = Path(env.get("CUDA_MPS_PIPE_DIRECTORY", "/tmp/nvidia-mps"))
-    if list(argv) == ["-d"]:
+    if sorted(argv) in (["-d"], ["-M", "-d"]):
         log = Path(env.get("CUDA_MPS_LOG_DIRECTORY", "/var/log/nvidia-mps"))
-        return _start(pipe, log, env)
+        return _start(pipe, log, env, multi_user="-M" in argv)
     if argv:
         print(f"nvidia-cuda-mps-control: unknown arguments {' '.join(argv)}", file=sys.stderr)
         return 1
@@ -67,6 +80,9 @@ def _client(pipe: Path, stdin: TextIO) -> int:
             continue
         try:
             ok, answer = _ask(pipe, command)
+        except PermissionError as exc:
+            print(f"{NO_DAEMON}: {pipe / CONTROL_SOCKET}: {exc.strerror}", file=sys.stderr)
+            return 1
         except OSError:
             print(NO_DAEMON, file=sys.stderr)
             return 1
@@ -108,7 +124,7 @@ def _running_pid(pipe: Path) -> int | None:
     return None if state == "Z" else pid
 
 
-def _start(pipe: Path, log: Path, env: Mapping[str, str]) -> int:
+def _start(pipe: Path, log: Path, env: Mapping[str, str], *, multi_user: bool) -> int:
     if _running_pid(pipe) is not None:
         print(ALREADY_RUNNING, file=sys.stderr)
         return 1
@@ -126,7 +142,8 @@ def _start(pipe: Path, log: Path, env: Mapping[str, str]) -> int:
         os.setsid()
         if os.fork() != 0:
             os._exit(0)
-        _daemon(pipe, log, _Limits(devices=len(visible)), ready=write_end)
+        limits = _Limits(devices=len(visible), multi_user=multi_user)
+        _daemon(pipe, log, limits, ready=write_end)
         os._exit(0)
     os.close(write_end)
     os.waitpid(child, 0)
@@ -150,13 +167,14 @@ def _daemon(pipe: Path, log_dir: Path, limits: _Limits, *, ready: int) -> None: 
         with contextlib.suppress(FileNotFoundError):
             path.unlink()
         server.bind(str(path))
+        path.chmod(0o777)
         server.listen(16)
         (pipe / PID_FILE).write_text(f"{os.getpid()}\n", encoding="utf-8")
     except OSError as exc:
         os.write(ready, f"nvidia-cuda-mps-control: {exc}".encode())
         os._exit(1)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
-    _log(log, f"Startup, {limits.devices} device(s)")
+    _log(log, f"Startup, {limits.devices} device(s){', multi-user' if limits.multi_user else ''}")
     os.write(ready, b"ok")
     os.close(ready)
     try:
@@ -167,7 +185,11 @@ def _daemon(pipe: Path, log_dir: Path, limits: _Limits, *, ready: int) -> None: 
                 _log(log, f"Command {command}")
                 if command == "sim_die":
                     os._exit(1)
-                ok, answer = _execute(command, limits)
+                if command == "sim_client":
+                    ok, answer = _connect_client(_peer_uid(conn), limits)
+                    _log(log, answer)
+                else:
+                    ok, answer = _execute(command, limits)
                 with contextlib.suppress(OSError):
                     conn.sendall(f"{'ok' if ok else 'error'}\n{answer}".encode())
                 if command == "quit":
@@ -187,6 +209,26 @@ def _receive(conn: socket.socket) -> str:  # pragma: no cover -- runs in the for
         while chunk := conn.recv(4096):
             data += chunk
     return data.decode(errors="replace").strip()
+
+
+def _peer_uid(conn: socket.socket) -> int:  # pragma: no cover -- runs in the forked daemon
+    creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    _pid, uid, _gid = struct.unpack("3i", creds)
+    return int(uid)
+
+
+def _connect_client(uid: int, limits: _Limits) -> tuple[bool, str]:
+    """A CUDA client of `uid` asks for a server: served, or refused for another user's."""
+    if limits.multi_user:
+        return True, f"Client of UID {uid} served by the multi-user server"
+    if limits.server_uid is None:
+        limits.server_uid = uid
+    if uid != limits.server_uid:
+        return False, (
+            f"Client of UID {uid} refused: the MPS server runs for UID {limits.server_uid} "
+            "(start the control daemon with -M to serve several users)"
+        )
+    return True, f"Client of UID {uid} served by the server of UID {uid}"
 
 
 def _log(log: TextIO, text: str) -> None:  # pragma: no cover -- runs in the forked daemon
