@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import shutil
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -93,8 +94,14 @@ def crd_absent(api: realapi.RealApi) -> None:
 
 
 def crd_installed(api: realapi.RealApi) -> None:
+    """The CRD applied, established, and its objects' storage ready: a list right after
+    Established may still be answered "storage is (re)initializing"."""
     api.kubectl("apply", "-f", str(CRD))
     api.kubectl("wait", "--for=condition=Established", f"crd/{CRD_NAME}", "--timeout=30s")
+    deadline = time.monotonic() + 30
+    while api.kubectl("get", PLURAL, "-A", check=False).count("initializing"):
+        assert time.monotonic() < deadline, "the NodeFeature storage never became ready"
+        time.sleep(0.2)
 
 
 def writes(api: realapi.RealApi, user: str) -> list[str]:
