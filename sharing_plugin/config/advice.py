@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from sharing_plugin.config.base import DeviceListStrategy, EventType
-from sharing_plugin.config.model import Config, Health, PluginFlags
+from sharing_plugin.config.model import Config, Flags, Health, PluginFlags
 from sharing_plugin.config.rules import advertised_name
 
 COMPAT = "accepted for compatibility; has no effect here"
@@ -149,6 +149,14 @@ MIG_REPLICAS_UNCAPPED = (
 )
 
 
+def _gfd_without_node_feature_api(flags: Flags) -> object:
+    """The gfd section when it sets anything but useNodeFeatureAPI, which has an effect."""
+    gfd = flags.gfd
+    if gfd is None or not gfd.model_fields_set - {"use_node_feature_api"}:
+        return None
+    return gfd
+
+
 def config_warnings(config: Config) -> list[str]:
     """Things that are valid but probably not what the admin meant, or have no effect here."""
     warnings: list[str] = []
@@ -158,9 +166,8 @@ def config_warnings(config: Config) -> list[str]:
         ("gdrcopyEnabled", flags.gdrcopy_enabled),
         ("gdsEnabled", flags.gds_enabled),
         ("mofedEnabled", flags.mofed_enabled),
-        ("useNodeFeatureAPI", flags.use_node_feature_api),
         ("deviceDiscoveryStrategy", flags.device_discovery_strategy),
-        ("gfd", flags.gfd),
+        ("gfd", _gfd_without_node_feature_api(flags)),
         ("plugin.nvidiaCTKPath", flags.plugin.nvidia_ctk_path),
         ("plugin.kubeletSocket", flags.plugin.kubelet_socket),
         ("plugin.cdiFeatureFlags", flags.plugin.cdi_feature_flags),

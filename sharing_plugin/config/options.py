@@ -69,8 +69,11 @@ class PluginFlags(Strict):
 
 
 class GfdFlags(Strict):
-    """Options of gpu-feature-discovery; accepted for compatibility, no effect here."""
+    """Options of gpu-feature-discovery; accepted for compatibility, no effect here, except
+    `useNodeFeatureAPI` (the same as flags.useNodeFeatureAPI)."""
 
+    use_node_feature_api: StrictBool | None = Field(None, alias="useNodeFeatureAPI")
+    """The same as flags.useNodeFeatureAPI (true: labels go to an NFD NodeFeature object)."""
     oneshot: StrictBool | None = None
     no_timestamp: StrictBool | None = None
     sleep_interval: GoDuration = None
@@ -100,12 +103,25 @@ class Flags(Strict):
     mofed_enabled: StrictBool | None = None
     """Accepted for compatibility; has no effect here."""
     use_node_feature_api: StrictBool | None = Field(None, alias="useNodeFeatureAPI")
-    """Accepted for compatibility; has no effect here."""
+    """true: `run` also publishes the node's labels as an NFD NodeFeature object (needs
+    --node-name, credentials and POD_NAMESPACE); flags.gfd.useNodeFeatureAPI says the same."""
     device_discovery_strategy: DiscoveryStrategy = None
     """Accepted for compatibility; has no effect here (devices are found through NVML)."""
     plugin: PluginFlags = PluginFlags()
     gfd: GfdFlags | None = None
-    """gpu-feature-discovery options: accepted for compatibility; no effect here."""
+    """gpu-feature-discovery options: accepted for compatibility; no effect here but
+    useNodeFeatureAPI."""
+
+    @model_validator(mode="after")
+    def _node_feature_api_once(self) -> Flags:
+        # GFD's spelling under `gfd` and the reference's under `flags` mean the same: fold the
+        # first into the second, once, so that later code reads one field. Two that differ are
+        # left as written, for the rules to report.
+        below = self.gfd.use_node_feature_api if self.gfd is not None else None
+        if below is not None and self.use_node_feature_api is None:
+            # Still inside validation, before anyone holds the instance (as in Health).
+            self.__dict__["use_node_feature_api"] = below
+        return self
 
     @model_validator(mode="before")
     @classmethod

@@ -24,6 +24,7 @@ from sharing_plugin.config.base import Issue, Loc, sections_in
 from sharing_plugin.config.devices import overlap
 from sharing_plugin.config.model import (
     Config,
+    Flags,
     Health,
     MigLayout,
     MpsResource,
@@ -109,6 +110,20 @@ def _health(health: Health) -> Iterator[Issue]:
         )
 
 
+def _flags(flags: Flags) -> Iterator[Issue]:
+    below = flags.gfd.use_node_feature_api if flags.gfd is not None else None
+    if below is not None and below != flags.use_node_feature_api:
+        yield Issue(
+            ("gfd", "useNodeFeatureAPI"),
+            f"contradicts flags.useNodeFeatureAPI ({_yaml(flags.use_node_feature_api)}); "
+            "the two say the same thing: keep one",
+        )
+
+
+def _yaml(value: bool | None) -> str:
+    return "true" if value else "false"
+
+
 def _sharing(sharing: Sharing) -> Iterator[Issue]:
     entries = sharing.resources
     for j, later in enumerate(entries):
@@ -188,6 +203,7 @@ _RULES: dict[type[BaseModel], Rule] = {
     MigLayout: _profiles_need_mig,
     Partitioning: _partitioning,
     Health: _health,
+    Flags: _flags,
     Config: _config,
 }
 

@@ -192,7 +192,18 @@ CASES: dict[str, Valid | Invalid] = {
         "    machineTypeFile: /sys/class/dmi/id/product_name\n"
         "imex:\n  channelIDs: [0]\n  required: true\n",
         lambda c: c.flags.plugin.device_id_strategy == "index" and c.imex is not None,
-        ("flags.useNodeFeatureAPI", "flags.gfd", "flags.plugin.cdiFeatureFlags", "imex"),
+        ("flags.gfd", "flags.plugin.cdiFeatureFlags", "imex"),
+    ),
+    "gfd.useNodeFeatureAPI is flags.useNodeFeatureAPI": Valid(
+        "flags:\n  gfd:\n    useNodeFeatureAPI: true\n",
+        lambda c: c.flags.use_node_feature_api is True,
+        (),
+    ),
+    "useNodeFeatureAPI in both places, contradicting": Invalid(
+        "flags:\n  useNodeFeatureAPI: false\n  gfd:\n    useNodeFeatureAPI: true\n",
+        "4:24",
+        "flags.gfd.useNodeFeatureAPI",
+        "contradicts flags.useNodeFeatureAPI (false)",
     ),
     "deviceDiscoveryStrategy empty is auto": Valid(
         'flags: {deviceDiscoveryStrategy: ""}\n',

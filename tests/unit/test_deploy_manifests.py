@@ -264,6 +264,8 @@ def test_the_components_are_the_documented_ones() -> None:
         "mps",
         "usage",
         "memory-limits",
+        "gpu-operator",
+        "node-feature",
     }
     for name in on_disk:
         assert (

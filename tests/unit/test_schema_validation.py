@@ -40,6 +40,7 @@ BEYOND_SCHEMA: dict[str, str] = {
     "table: replicas as float": _FLOAT,
     "compat: disabled contradicts enabled": _BETWEEN,
     "compat: ignoredXIDs and ignoredXids": _BETWEEN,
+    "compat: useNodeFeatureAPI in both places, contradicting": _BETWEEN,
     "compat: xid in both lists": _BETWEEN,
     "compat: xid in both lists, our spelling": _BETWEEN,
     "table: all overlaps everything": _BETWEEN,

@@ -18,7 +18,13 @@ from typing import TYPE_CHECKING
 
 from sharing_plugin.config.model import Config
 from sharing_plugin.daemon.node.kube import api_client
-from sharing_plugin.daemon.node.labels import LabelPublisher
+from sharing_plugin.daemon.node.labels import (
+    FileSink,
+    LabelPublisher,
+    LabelSink,
+    NodeFeatureSink,
+    NodeLabelsSink,
+)
 from sharing_plugin.daemon.node.options import NodeReportOptions, SourceOptions
 from sharing_plugin.daemon.node.report import NodeReport, Reports
 from sharing_plugin.errors import SharingPluginError
@@ -67,7 +73,7 @@ class NodeSide:
         self._reports = reports
         self._node_report = node_report
         self._on_label_changed = on_label
-        self._labels = LabelPublisher(file=None, reporter=None)
+        self._labels = LabelPublisher()
         self.label_value: str | None = None
         """The node label naming the config, as last seen (None: not set, or not known)."""
 
@@ -85,7 +91,8 @@ class NodeSide:
 
     async def close(self) -> None:
         """Take back what was published on the node itself."""
-        await self._labels.close()
+        clear = self._node_report is not None and self._node_report.clear_labels_on_exit
+        await self._labels.close(clear=clear)
         reporter = self._reports.node.reporter
         if reporter is not None:
             # What was reported last (a rejected edit's state label, its event) is still being
@@ -93,7 +100,7 @@ class NodeSide:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(_FLUSH_TIMEOUT_S):
                     await reporter.flush()
-        if reporter is not None and self._node_report and self._node_report.clear_labels_on_exit:
+        if reporter is not None and clear:
             try:
                 async with asyncio.timeout(_CLEAR_TIMEOUT_S):
                     await reporter.clear()
@@ -146,6 +153,28 @@ class NodeSide:
         elif wanted.node_labels:
             log.warning("--node-labels needs --node-name and Kubernetes credentials: off")
         self._reports.node = NodeReport(reporter if wanted.node_status else None)
-        self._labels = LabelPublisher(
-            file=wanted.labels_file, reporter=reporter if wanted.node_labels else None
-        )
+        sinks: list[LabelSink] = []
+        if wanted.labels_file is not None:
+            sinks.append(FileSink(wanted.labels_file))
+        if reporter is not None and wanted.node_labels:
+            sinks.append(NodeLabelsSink(reporter))
+        sinks.append(self._node_feature_sink(wanted))
+        self._labels = LabelPublisher(sinks)
+
+    def _node_feature_sink(self, wanted: NodeReportOptions) -> NodeFeatureSink:
+        """The NodeFeature object's sink; it writes only while the config asks for it."""
+        node, client, namespace = self._options.node_name, self.client, wanted.pod_namespace
+        if node is None or client is None or namespace is None:
+            return NodeFeatureSink(
+                None,
+                missing="flags.useNodeFeatureAPI needs --node-name, Kubernetes credentials and "
+                "POD_NAMESPACE (the namespace to write the NodeFeature object in); not written",
+            )
+        from sharing_plugin.observability.nodefeature import NodeFeatureWriter, PodOwner
+
+        owner = None
+        if wanted.pod_name and wanted.pod_uid:
+            owner = PodOwner(wanted.pod_name, wanted.pod_uid)
+        writer = NodeFeatureWriter(client, node, namespace=namespace, owner=owner)
+        self._tasks.spawn(writer.run(), name="node-feature", eternal=True)
+        return NodeFeatureSink(writer)

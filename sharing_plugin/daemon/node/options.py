@@ -49,3 +49,8 @@ class NodeReportOptions:
     clear_labels_on_exit: bool = False
     labels_file: Path | None = None  # NFD local feature file for GFD-compatible labels
     node_labels: bool = False  # patch the same labels onto the Node
+    # The plugin's pod (downward API: POD_NAMESPACE, POD_NAME, POD_UID): where NFD's
+    # NodeFeature object is written (`flags.useNodeFeatureAPI`), and its owner.
+    pod_namespace: str | None = None
+    pod_name: str | None = None
+    pod_uid: str | None = None
