@@ -35,7 +35,7 @@ from sharing_plugin.gpus.catalog import MODELS, GpuModel, MigProfileSpec, model_
 from sharing_plugin.gpus.inventory import Gpu, GpuUuid, Inventory, MigDevice, MigUuid
 from sharing_plugin.mig.layout import MigCreate
 from sharing_plugin.mig.spread import spread_layouts
-from sharing_plugin.views.labels import GPU_RESOURCE, label_value
+from sharing_plugin.views.labels import GPU_RESOURCE, gfd_label_value
 
 __all__ = ["NodeLabelsError", "node_inventory"]
 
@@ -44,7 +44,7 @@ _COUNT = f"{GPU_RESOURCE}.count"
 _MIG_STRATEGY = "nvidia.com/mig.strategy"
 _MIG_PREFIX = "nvidia.com/mig-"
 _SHARED = "-SHARED"
-_BY_LABEL = {label_value(p): p for m in MODELS for p in m.products}
+_BY_LABEL = {gfd_label_value(p): p for m in MODELS for p in m.products}
 
 
 class NodeLabelsError(SharingPluginError):

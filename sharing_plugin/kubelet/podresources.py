@@ -19,13 +19,12 @@ from pathlib import Path
 
 import grpc
 
+from sharing_plugin.gpus.holders import Holder
 from sharing_plugin.kubelet.api.constants import KUBELET_SOCKET, POD_RESOURCES_DIR
 from sharing_plugin.kubelet.api.podresources.v1 import api_pb2 as pr
 from sharing_plugin.kubelet.api.podresources.v1 import api_pb2_grpc as pr_grpc
 from sharing_plugin.kubelet.recording import PodResourcesRecorder
-from sharing_plugin.mig.desired import Holder
 from sharing_plugin.usage.model import HeldReplica
-from sharing_plugin.usage.model import Holder as Container
 
 log = logging.getLogger(__name__)
 
@@ -76,13 +75,11 @@ class PodResourcesClient:
         return {name: frozenset(ids) for name, ids in held.items()}
 
     async def held_by(self) -> dict[str, Holder] | None:
-        """Device ID -> (namespace, pod, container) holding it; None when kubelet cannot tell."""
+        """Device ID -> the container holding it; None when kubelet cannot tell."""
         replicas = await self.held_replicas()
         if replicas is None:
             return None
-        return {
-            r.device_id: (r.holder.namespace, r.holder.pod, r.holder.container) for r in replicas
-        }
+        return {r.device_id: r.holder for r in replicas}
 
     async def held_replicas(self) -> list[HeldReplica] | None:
         """Every device a container holds, with its resource; None when kubelet cannot tell."""
@@ -90,7 +87,7 @@ class PodResourcesClient:
         if response is None:
             return None
         held = {
-            HeldReplica(device_id, entry.resource_name, Container(pod.namespace, pod.name, c.name))
+            HeldReplica(device_id, entry.resource_name, Holder(pod.namespace, pod.name, c.name))
             for pod in response.pod_resources
             for c in pod.containers
             for entry in c.devices

@@ -19,6 +19,7 @@ from typing import Any, Literal
 from sharing_plugin.config.model import Config
 from sharing_plugin.errors import MigError, Problem
 from sharing_plugin.gpus.catalog import model_for, resolve_profile
+from sharing_plugin.gpus.holders import Holder
 from sharing_plugin.gpus.inventory import Gpu, Inventory
 from sharing_plugin.mig.layout import MigInstance, MigPendingError, MigPlan
 from sharing_plugin.mig.select import SelectedLayout, entry_path, select_layouts
@@ -28,17 +29,14 @@ __all__ = [
     "NOTHING_HELD",
     "RESET_NEEDED",
     "GpuMigAction",
-    "Holder",
     "MigActions",
     "current_instances",
     "mig_actions",
 ]
 
-Holder = tuple[str, str, str]
-"""(namespace, pod, container) holding a device, as PodResources reports it."""
 
 RESET_NEEDED = "MIG mode change needs a GPU reset"
-NOTHING_HELD: Mapping[str, tuple[str, str, str]] = MappingProxyType({})
+NOTHING_HELD: Mapping[str, Holder] = MappingProxyType({})
 ModeChange = Literal["enable", "disable"]
 
 
@@ -170,8 +168,9 @@ def _holders(gpu: Gpu, held: Mapping[str, Holder]) -> dict[str, tuple[str, Holde
 def _waiting(names: list[tuple[str, Holder]], what: str) -> str:
     # PodResources names a pod's container; DRA holders are ResourceClaims (no container).
     parts = [
-        f"waiting for {'pod' if container else 'ResourceClaim'} {ns}/{pod} to release {uuid}"
-        for uuid, (ns, pod, container) in names
+        f"waiting for {'pod' if h.container else 'ResourceClaim'} {h.namespace}/{h.pod} "
+        f"to release {uuid}"
+        for uuid, h in names
     ]
     return "; ".join(parts) + what
 

@@ -14,8 +14,9 @@ from dataclasses import dataclass
 
 from sharing_plugin.config.model import Config
 from sharing_plugin.errors import PlanError, Problem
+from sharing_plugin.gpus.holders import Holder
 from sharing_plugin.gpus.inventory import Inventory
-from sharing_plugin.mig.desired import NOTHING_HELD, GpuMigAction, Holder, mig_actions
+from sharing_plugin.mig.desired import NOTHING_HELD, GpuMigAction, mig_actions
 from sharing_plugin.mig.predict import PLANNED_PREFIX, is_planned, predicted_inventory
 from sharing_plugin.plan.build import plan
 from sharing_plugin.plan.caps import NodeFacts

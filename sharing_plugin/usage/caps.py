@@ -14,8 +14,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from sharing_plugin.gpus.holders import Holder
 from sharing_plugin.gpus.inventory import GpuUuid
-from sharing_plugin.usage.model import CgroupRef, Holder, UsageSnapshot
+from sharing_plugin.usage.model import CgroupRef, UsageSnapshot
 
 MIB = 1 << 20
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from sharing_plugin.gpus.holders import Holder
 from sharing_plugin.gpus.inventory import GpuUuid
 
 
@@ -63,19 +64,6 @@ class PodIdentity:
     name: str
     uid: str
     containers: Mapping[str, str] = field(default_factory=dict)  # container ID -> name
-
-
-@dataclass(frozen=True, slots=True)
-class Holder:
-    """A container kubelet gave a device to (PodResources)."""
-
-    namespace: str
-    pod: str
-    container: str
-
-    @property
-    def pod_key(self) -> tuple[str, str]:
-        return (self.namespace, self.pod)
 
 
 @dataclass(frozen=True, slots=True)

@@ -68,7 +68,7 @@ def dns_label(text: str) -> str:
     return _hashed(slug, _DNS_LABEL_MAX)
 
 
-def label_value(text: str) -> str:
+def taint_value(text: str) -> str:
     """`text` as a label value (a taint's value): `[A-Za-z0-9_.-]`, alphanumeric at both ends,
     at most 63 characters."""
     slug = _UNSAFE_LABEL_VALUE.sub("-", text).strip("-_.")

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from sharing_plugin.gpus.health_tracker import Fault
 from sharing_plugin.views.dra import DraDevice
-from sharing_plugin.views.dra_api import DeviceTaint, PublishedDevice, label_value
+from sharing_plugin.views.dra_api import DeviceTaint, PublishedDevice, taint_value
 
 UNHEALTHY_TAINT = "unhealthy"
 DRAINING_TAINT = "draining"
@@ -40,7 +40,7 @@ def draining_taint(driver: str) -> DeviceTaint:
 def health_taints(faults: Mapping[str, Fault], driver: str) -> dict[str, DeviceTaint]:
     """GPU or MIG UUID -> the taint of its devices, for every faulty one."""
     key = taint_key(driver)
-    return {uuid: DeviceTaint(key, label_value(fault.reason)) for uuid, fault in faults.items()}
+    return {uuid: DeviceTaint(key, taint_value(fault.reason)) for uuid, fault in faults.items()}
 
 
 @dataclass(frozen=True, slots=True)

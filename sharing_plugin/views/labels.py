@@ -68,7 +68,7 @@ from sharing_plugin.plan.node import NodePlan
 __all__ = [
     "FIXED_KEYS",
     "GPU_RESOURCE",
-    "label_value",
+    "gfd_label_value",
     "labels",
     "labels_for",
     "mig_label_resource",
@@ -103,7 +103,7 @@ def owns(key: str) -> bool:
     return key in FIXED_KEYS or key in _ARCH_KEYS or _OWNED.fullmatch(key) is not None
 
 
-def label_value(text: str) -> str:
+def gfd_label_value(text: str) -> str:
     """`text` as GFD writes a product: unsafe characters dropped, spaces joined by `-`; cut to
     63 characters and to a letter or digit at both ends, so Kubernetes accepts it."""
     value = "-".join(_UNSAFE.sub("", text).split())[:_MAX]
@@ -213,7 +213,7 @@ def _resource_labels(
 
 
 def _shared_product(product: str, shared_unrenamed: bool) -> str:
-    return label_value(f"{product} SHARED" if shared_unrenamed else product)
+    return gfd_label_value(f"{product} SHARED" if shared_unrenamed else product)
 
 
 def _gpu_labels(
@@ -313,7 +313,7 @@ def _single_labels(
     )
     if invalid:
         return {
-            f"{GPU_RESOURCE}.product": label_value(f"{enabled[0].product} MIG INVALID"),
+            f"{GPU_RESOURCE}.product": gfd_label_value(f"{enabled[0].product} MIG INVALID"),
             f"{GPU_RESOURCE}.count": "0",
             f"{GPU_RESOURCE}.replicas": "0",
             f"{GPU_RESOURCE}.memory": "0",
@@ -354,7 +354,7 @@ def _renamed_labels(
     replicas = max(replicas_by_physical.values())
     return _resource_labels(
         name,
-        product=label_value(_mig_product(gpu, mig) if mig is not None else gpu.product),
+        product=gfd_label_value(_mig_product(gpu, mig) if mig is not None else gpu.product),
         count=len(replicas_by_physical),
         replicas=replicas,
         strategy=kind.value if replicas > 1 else SharingKind.NONE.value,

@@ -343,7 +343,7 @@ class CapacityMachine(RuleBasedStateMachine):
         the old snapshot."""
 
         async def step() -> None:
-            gate = self.k.pod_resources_gate
+            gate = self.k.pod_resources_hold
             gate.close()
             try:
                 reload = asyncio.ensure_future(self._reload(replicas, rename))
@@ -362,7 +362,7 @@ class CapacityMachine(RuleBasedStateMachine):
         Allocate arrives."""
 
         async def step() -> None:
-            gate = self.k.allocate_gate
+            gate = self.k.allocate_hold
             gate.close()
             try:
                 admission = asyncio.ensure_future(self._admit(count))

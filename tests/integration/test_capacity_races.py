@@ -55,7 +55,7 @@ async def test_replica_granted_while_pod_resources_answers_stays_draining(
     # The pod is deleted before any PodResources answer lists it: its grants count as held
     # until the grant window ends (shortened from 2 s; kubelet here records a grant at once).
     async with running(short_dir, sliced(4), grant_window_s=0.5) as run:
-        gate = run.kubelet.pod_resources_gate
+        gate = run.kubelet.pod_resources_hold
         gate.close()
         run.write(sliced(2))
         # The reload has kubelet's answer (no pod yet) on its way; Allocate still serves 4.
@@ -81,7 +81,7 @@ async def test_allocate_of_a_replica_withdrawn_a_moment_ago_is_honoured_and_drai
     """Defect 2: kubelet picked replicas it saw Healthy, the shrink arrived, and the Allocate
     that followed was refused: the pod failed admission."""
     async with running(short_dir, sliced(4)) as run:
-        gate = run.kubelet.allocate_gate
+        gate = run.kubelet.allocate_hold
         gate.close()
         admission = asyncio.create_task(run.kubelet.admit_pod("p", containers={"c": {GPU: 32}}))
         await run.kubelet.wait_for(lambda: gate.waiting == 1)  # picked all 32, not asked yet

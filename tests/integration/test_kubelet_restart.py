@@ -13,6 +13,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from sharing_plugin.config.model import Config
 from sharing_plugin.errors import KubeletError
+from sharing_plugin.gpus.holders import Holder
 from sharing_plugin.gpus.inventory import Inventory
 from sharing_plugin.kubelet.podresources import PodResourcesClient
 from sharing_plugin.kubelet.server import AllocateContext, ResourceServer
@@ -201,7 +202,7 @@ async def test_pod_resources_reports_held_devices_and_tolerates_absence(
                 )
                 ids = pod.device_ids("c", GPU)
                 assert await client.held_devices() == {GPU: frozenset(ids)}
-                assert await client.held_by() == dict.fromkeys(ids, ("team", "p", "c"))
+                assert await client.held_by() == dict.fromkeys(ids, Holder("team", "p", "c"))
                 kubelet.delete_pod("p", "team")
                 assert await client.held_devices() == {}
                 assert unanswered(metrics) == 2

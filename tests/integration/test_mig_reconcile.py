@@ -12,6 +12,7 @@ from support.observe import reset_gpu, set_lost
 
 from sharing_plugin.config.model import Config
 from sharing_plugin.daemon.node.mig import MigReconciler
+from sharing_plugin.gpus.holders import Holder
 from sharing_plugin.mig.desired import RESET_NEEDED
 from sharing_plugin.mig.state import MigState
 from sharing_plugin.nvml.discover import discover
@@ -97,7 +98,7 @@ async def test_held_instance_waits_for_its_pod_then_goes() -> None:
     config = _config({"devices": [0], "profiles": {"1g.10gb": 7}})
     reconciler = MigReconciler(sim)
 
-    held = {f"{held_mig.uuid}::1": ("team-a", "train-0", "main")}
+    held = {f"{held_mig.uuid}::1": Holder("team-a", "train-0", "main")}
     outcome = await reconciler.reconcile(config, inventory, held)
     state, reason = outcome.states[gpu.uuid]
     assert state is MigState.PENDING and not outcome.changed

@@ -21,10 +21,13 @@ from mps_harness import (
     resource_root,
 )
 from support.mps import NOBODY, client_as, interpreter_for_others, write_wrapper
+from support.observe import next_applied
 
 from sharing_plugin.mps import DaemonState
 
 MULTI_USER = "    multiUser: true\n"
+
+pytestmark = pytest.mark.subprocess  # the stand-in MPS control daemon runs as a process
 
 
 @pytest.fixture
@@ -66,7 +69,7 @@ async def test_multi_user_starts_the_daemon_with_M_and_a_toggle_restarts_it(
 
         with running.pipeline.outcomes() as outcomes:
             write(config, mps_config(mps_root, replicas=2))  # multiUser off: -M is a start flag
-            await outcomes.applied()
+            await next_applied(outcomes)
         second = await eventually_record(
             mps_root, lambda r: r.state is DaemonState.READY and r.pid != first.pid
         )
@@ -79,7 +82,7 @@ async def test_multi_user_starts_the_daemon_with_M_and_a_toggle_restarts_it(
 
         with running.pipeline.outcomes() as outcomes:
             write(config, mps_config(mps_root, replicas=2) + MULTI_USER)
-            await outcomes.applied()
+            await next_applied(outcomes)
         third = await eventually_record(
             mps_root, lambda r: r.state is DaemonState.READY and r.pid != second.pid
         )
@@ -111,7 +114,7 @@ async def test_a_client_of_another_uid_is_refused_without_M_and_served_with_it(
 
         with running.pipeline.outcomes() as outcomes:
             write(config, mps_config(mps_root, replicas=2) + MULTI_USER)
-            await outcomes.applied()
+            await next_applied(outcomes)
         await eventually_record(
             mps_root, lambda r: r.state is DaemonState.READY and r.pid != first.pid
         )

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from sharing_plugin.config.model import Config
+from sharing_plugin.gpus.holders import Holder
 from sharing_plugin.gpus.inventory import Inventory
 from sharing_plugin.mig.desired import RESET_NEEDED, GpuMigAction, MigActions, mig_actions
 from sharing_plugin.nvml.discover import discover
@@ -106,7 +107,9 @@ def test_profile_names_resolve_per_model() -> None:
 def test_held_instance_in_the_way_is_pending_with_the_pod() -> None:
     held_mig = MIXED.gpus[0].mig_devices[0]  # 3g.40gb at 0-3
     config = _config({"devices": [0], "profiles": {"1g.10gb": 7}})
-    result = mig_actions(config, MIXED, {f"{held_mig.uuid}::3": ("team-a", "train-0", "main")})
+    result = mig_actions(
+        config, MIXED, {f"{held_mig.uuid}::3": Holder("team-a", "train-0", "main")}
+    )
     action = _only(result)
     assert action.state == "pending" and not action.changes
     assert action.pending is not None
@@ -116,7 +119,7 @@ def test_held_instance_in_the_way_is_pending_with_the_pod() -> None:
 def test_held_instance_that_stays_does_not_block() -> None:
     held_mig = MIXED.gpus[0].mig_devices[2]  # 1g.10gb at 6
     config = _config({"devices": [0], "profiles": {"3g.40gb": 1, "1g.10gb": 3}})
-    action = _only(mig_actions(config, MIXED, {held_mig.uuid: ("ns", "p", "c")}))
+    action = _only(mig_actions(config, MIXED, {held_mig.uuid: Holder("ns", "p", "c")}))
     assert action.state == "change"
     assert action.plan is not None and held_mig.uuid in {k.id for k in action.plan.keep}
 
@@ -124,7 +127,7 @@ def test_held_instance_that_stays_does_not_block() -> None:
 def test_held_whole_gpu_blocks_turning_mig_on() -> None:
     gpu = H200.gpus[1]
     config = _config({"devices": [1], "profiles": {"7g.141gb": 1}})
-    action = _only(mig_actions(config, H200, {f"{gpu.uuid}::0": ("ns", "pod", "c")}))
+    action = _only(mig_actions(config, H200, {f"{gpu.uuid}::0": Holder("ns", "pod", "c")}))
     assert action.pending == (
         f"waiting for pod ns/pod to release {gpu.uuid} before MIG mode can be turned on"
     )
@@ -133,7 +136,7 @@ def test_held_whole_gpu_blocks_turning_mig_on() -> None:
 def test_held_instance_blocks_turning_mig_off() -> None:
     held_mig = MIXED.gpus[2].mig_devices[3]
     config = _config({"devices": [2], "enabled": False})
-    action = _only(mig_actions(config, MIXED, {held_mig.uuid: ("ns", "pod", "c")}))
+    action = _only(mig_actions(config, MIXED, {held_mig.uuid: Holder("ns", "pod", "c")}))
     assert action.state == "pending"
     assert f"release {held_mig.uuid} before MIG mode can be turned off" in (action.pending or "")
 
@@ -245,7 +248,7 @@ def test_a_dynamic_gpu_keeps_every_instance_it_has() -> None:
 def test_a_claim_holding_a_whole_gpu_keeps_its_mig_mode_off() -> None:
     gpu = H200.gpus[2]
     config = _config({"devices": [2], "dynamic": True})
-    action = _only(mig_actions(config, H200, {gpu.uuid: ("ns", "claim-0", "")}))
+    action = _only(mig_actions(config, H200, {gpu.uuid: Holder("ns", "claim-0", "")}))
     assert action.pending == (
         f"waiting for ResourceClaim ns/claim-0 to release {gpu.uuid} before MIG mode can be "
         "turned on"

@@ -8,6 +8,7 @@ import pytest
 
 from sharing_plugin.config.model import Config
 from sharing_plugin.errors import PlanError
+from sharing_plugin.gpus.holders import Holder
 from sharing_plugin.gpus.inventory import Inventory
 from sharing_plugin.mig.predict import is_planned
 from sharing_plugin.mig.state import GpuMigState, MigState, state_of
@@ -69,7 +70,7 @@ def test_held_instance_makes_the_layout_pending_and_unchanged() -> None:
     gpu0 = MIXED.gpus[0]
     held_mig = gpu0.mig_devices[0]  # 3g.40gb at slice 0, in the way of seven 1g.10gb
     config = _config(partitioning={"mig": [{"devices": [0], "profiles": {"1g.10gb": 7}}]})
-    node = plan_node(config, MIXED, {held_mig.uuid: ("ns", "pod", "c")})
+    node = plan_node(config, MIXED, {held_mig.uuid: Holder("ns", "pod", "c")})
     state = mig_states(node)[gpu0.uuid]
     assert state.state is MigState.PENDING
     assert state.reason is not None and "waiting for pod ns/pod" in state.reason

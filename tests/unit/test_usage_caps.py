@@ -7,6 +7,7 @@ from dataclasses import replace
 
 from plan_factory import config, gpu, node
 
+from sharing_plugin.gpus.holders import Holder
 from sharing_plugin.gpus.inventory import GpuUuid
 from sharing_plugin.plan import plan
 from sharing_plugin.plan.caps import NodeFacts
@@ -18,7 +19,6 @@ from sharing_plugin.usage.model import (
     DeviceMemory,
     GpuProcess,
     HeldReplica,
-    Holder,
     NvmlUsage,
     PodIdentity,
     UsageSnapshot,

@@ -26,7 +26,7 @@ from sharing_plugin.gpus.inventory import Inventory
 from sharing_plugin.nvml.discover import discover
 from sharing_plugin.plan.node import plan_node
 from sharing_plugin.sim.nvml.simulated import SimulatedNvml
-from sharing_plugin.views.labels import label_value, labels, labels_for, owns, render_labels
+from sharing_plugin.views.labels import gfd_label_value, labels, labels_for, owns, render_labels
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "config" / "examples"
 PRESETS = ("a100-mig-mixed", "dgx-a100-80gb", "dgx-h100", "hgx-h200", "t4x4", "workstation")
@@ -490,4 +490,4 @@ def test_render_is_sorted_key_value_lines() -> None:
     ],
 )
 def test_product_values_are_written_as_gfd_writes_them(name: str, value: str) -> None:
-    assert label_value(name) == value
+    assert gfd_label_value(name) == value

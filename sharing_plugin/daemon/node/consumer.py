@@ -15,8 +15,8 @@ from typing import Protocol, TypeVar
 from sharing_plugin.daemon.node.health_monitor import HealthEnv
 from sharing_plugin.daemon.node.options import NodeReportOptions
 from sharing_plugin.daemon.node.outcome import NodeView, Served
+from sharing_plugin.gpus.holders import Holder
 from sharing_plugin.gpus.inventory import Inventory
-from sharing_plugin.mig.desired import Holder
 
 HeldBy = Callable[[Inventory], Awaitable[Mapping[str, Holder] | None]]
 """Which MIG devices of the node (as the inventory given says it is) are held, and by whom

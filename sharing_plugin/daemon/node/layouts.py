@@ -22,9 +22,9 @@ from sharing_plugin.config.model import Config
 from sharing_plugin.daemon.node.mig import MigReconciler
 from sharing_plugin.daemon.node.recheck import HeldRecheck
 from sharing_plugin.errors import PlanError, Problem
+from sharing_plugin.gpus.holders import Holder
 from sharing_plugin.gpus.inventory import Inventory
 from sharing_plugin.kit.tasks import TaskOwner
-from sharing_plugin.mig.desired import Holder
 from sharing_plugin.mig.select import entry_path
 from sharing_plugin.mig.state import GpuMigState, MigState
 from sharing_plugin.observability.status import StatusBoard

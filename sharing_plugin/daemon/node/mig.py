@@ -21,8 +21,9 @@ from typing import Any, TypeVar
 from sharing_plugin.config.model import Config
 from sharing_plugin.errors import MigError, NvmlError, Problem, SharingPluginError
 from sharing_plugin.gpus.catalog import MigProfileSpec, model_for
+from sharing_plugin.gpus.holders import Holder
 from sharing_plugin.gpus.inventory import Gpu, Inventory
-from sharing_plugin.mig.desired import RESET_NEEDED, GpuMigAction, Holder, mig_actions
+from sharing_plugin.mig.desired import RESET_NEEDED, GpuMigAction, mig_actions
 from sharing_plugin.mig.layout import MigInstance
 from sharing_plugin.mig.state import MigState, state_of
 from sharing_plugin.nvml.api import NvmlApi

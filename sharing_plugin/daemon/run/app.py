@@ -31,11 +31,11 @@ from sharing_plugin.daemon.run.mps_gate import MpsGate
 from sharing_plugin.daemon.run.options import RunOptions
 from sharing_plugin.daemon.run.supervisor import Supervisor
 from sharing_plugin.daemon.run.usage import UsageMonitor
+from sharing_plugin.gpus.holders import Holder
 from sharing_plugin.gpus.inventory import Inventory
 from sharing_plugin.kubelet.podresources import PodResourcesClient
 from sharing_plugin.kubelet.server import AllocateContext
 from sharing_plugin.kubelet.watch import KubeletWatcher
-from sharing_plugin.mig.desired import Holder
 from sharing_plugin.nvml.api import NvmlApi
 from sharing_plugin.plan import CONTROL_DEVICE_NODES
 from sharing_plugin.plan.model import Plan

@@ -54,9 +54,9 @@ from sharing_plugin.dra.resources import discover_version
 from sharing_plugin.dra.server import DraPluginServer
 from sharing_plugin.dra.slices import SlicePublisher
 from sharing_plugin.errors import KubeApiError, StartupError
+from sharing_plugin.gpus.holders import Holder
 from sharing_plugin.gpus.inventory import Inventory
 from sharing_plugin.kit.cdi import CdiSpecDir
-from sharing_plugin.mig.desired import Holder
 from sharing_plugin.nvml.api import NvmlApi
 from sharing_plugin.views.dra import config_resource_names
 from sharing_plugin.views.dra_api import DEFAULT_DRIVER, PublishedDevice

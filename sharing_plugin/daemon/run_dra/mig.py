@@ -28,8 +28,8 @@ from sharing_plugin.daemon.node.mig import make_mig_device, mig_operation
 from sharing_plugin.dra.checkpoint import PreparedClaim
 from sharing_plugin.dra.partitions import MadeInstance
 from sharing_plugin.errors import NvmlError
+from sharing_plugin.gpus.holders import Holder
 from sharing_plugin.gpus.inventory import Gpu, Inventory, MigDevice
-from sharing_plugin.mig.desired import Holder
 from sharing_plugin.nvml.api import NvmlApi
 from sharing_plugin.nvml.discover import read_mig_devices
 from sharing_plugin.nvml.mig_ops import (
@@ -150,7 +150,7 @@ def claim_holders(prepared: Mapping[str, PreparedClaim], inventory: Inventory) -
     holds its `uuid`, and a dynamic MIG placement the MIG device at that placement now."""
     held: dict[str, Holder] = {}
     for claim in prepared.values():
-        holder: Holder = (claim.ref.namespace, claim.ref.name, "")
+        holder = Holder(claim.ref.namespace, claim.ref.name, "")
         for device in claim.published:
             where = published_placement(device)
             gpu = inventory.gpu(where.gpu_uuid) if where is not None else None

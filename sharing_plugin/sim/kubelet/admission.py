@@ -6,7 +6,7 @@ for with every free device and an empty must-include list, only the IDs that are
 kept (an answer may be short, long or wrong), and the rest is filled from the free list. Then one
 Allocate call per container and resource, whose first container response is the one used; and
 PreStartContainer when the plugin asked for it. Pods are admitted one at a time, as kubelet does.
-A test can hold admission between the pick and the Allocate call (`allocate_gate`), where a
+A test can hold admission between the pick and the Allocate call (`allocate_hold`), where a
 reload may withdraw the devices just picked.
 """
 
@@ -23,7 +23,7 @@ import grpc
 from sharing_plugin.errors import KubeletError
 from sharing_plugin.kubelet.api.deviceplugin.v1beta1 import api_pb2 as dp
 from sharing_plugin.sim.kubelet.endpoint import PluginEndpoint, ResourceDevices
-from sharing_plugin.sim.kubelet.gate import Gate
+from sharing_plugin.sim.kubelet.hold import Hold
 from sharing_plugin.sim.kubelet.pods import ContainerAllocation, PodAllocation
 
 _T = TypeVar("_T")
@@ -52,11 +52,11 @@ class Admission:
         resources: Mapping[str, ResourceDevices],
         *,
         on_change: Callable[[], None],
-        allocate_gate: Gate | None = None,
+        allocate_hold: Hold | None = None,
     ) -> None:
         self._resources = resources
         self._on_change = on_change
-        self._allocate_gate = allocate_gate
+        self._allocate_hold = allocate_hold
         # Seconds each Allocate round trip took, as kubelet would time it (benchmarks read it).
         self.allocate_seconds: collections.deque[float] = collections.deque(maxlen=_LATENCIES_KEPT)
         self.pods: dict[tuple[str, str], PodAllocation] = {}
@@ -136,8 +136,8 @@ class Admission:
                 break
             if device_id not in chosen:
                 chosen.append(device_id)
-        if self._allocate_gate is not None:
-            await self._allocate_gate.passage()
+        if self._allocate_hold is not None:
+            await self._allocate_hold.passage()
             # Kubelet looks the endpoint up again for Allocate: the plugin may have registered
             # anew meanwhile, or its stream ended (devicemanager `errEndpointStopped`).
             endpoint = state.endpoint

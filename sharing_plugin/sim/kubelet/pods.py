@@ -17,7 +17,7 @@ from sharing_plugin.kit.unix_grpc import Context
 from sharing_plugin.kubelet.api.deviceplugin.v1beta1 import api_pb2 as dp
 from sharing_plugin.kubelet.api.podresources.v1 import api_pb2 as pr
 from sharing_plugin.kubelet.api.podresources.v1 import api_pb2_grpc as pr_grpc
-from sharing_plugin.sim.kubelet.gate import Gate
+from sharing_plugin.sim.kubelet.hold import Hold
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,12 +89,12 @@ class PodResourcesServicer(pr_grpc.PodResourcesListerServicer):
         pods: Callable[[], Iterable[PodAllocation]],
         numa: Callable[[str], Mapping[str, tuple[int, ...]]],
         devices: Callable[[], Mapping[str, Iterable[str]]],
-        gate: Gate | None = None,
+        hold: Hold | None = None,
     ) -> None:
         self._pods = pods
         self._numa = numa
         self._devices = devices
-        self._gate = gate
+        self._hold = hold
 
     def _pod(self, pod: PodAllocation) -> pr.PodResources:
         containers = [
@@ -116,8 +116,8 @@ class PodResourcesServicer(pr_grpc.PodResourcesListerServicer):
         # The answer is taken now and may be held back before it is sent: it then tells the
         # state of this moment, as a slow kubelet's answer does.
         response = pr.ListPodResourcesResponse(pod_resources=[self._pod(p) for p in self._pods()])
-        if self._gate is not None:
-            await self._gate.passage()
+        if self._hold is not None:
+            await self._hold.passage()
         return response
 
     async def GetAllocatableResources(

@@ -14,8 +14,8 @@ every device Unhealthy, is never reopened, and after a grace period the resource
 does: GetPreferredAllocation when offered (its answer intersected with what is free), then one
 Allocate per container and resource. `restart()` wipes `device-plugins/` like a starting kubelet
 (everything but the checkpoint) and serves a fresh `kubelet.sock`; plugins must register again.
-Two gates let a test play a slow kubelet: `pod_resources_gate` holds PodResources answers back
-(taken before the hold), `allocate_gate` holds admission between the pick and Allocate.
+Two holds let a test play a slow kubelet: `pod_resources_hold` holds PodResources answers back
+(taken before the hold), `allocate_hold` holds admission between the pick and Allocate.
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ from sharing_plugin.sim.kubelet.endpoint import (
     ResourceDevices,
     is_extended_resource_name,
 )
-from sharing_plugin.sim.kubelet.gate import Gate
+from sharing_plugin.sim.kubelet.hold import Hold
 from sharing_plugin.sim.kubelet.pods import ContainerAllocation, PodAllocation, PodResourcesServicer
 
 __all__ = [
@@ -109,10 +109,10 @@ class KubeletSimulator(Service):
         self._grace_timers: dict[str, asyncio.TimerHandle] = {}
         self._waiters: set[asyncio.Future[None]] = set()
         self._servers: dict[Path, grpc.aio.Server] = {}  # by socket
-        self.pod_resources_gate = Gate(self._notify)
-        self.allocate_gate = Gate(self._notify)
+        self.pod_resources_hold = Hold(self._notify)
+        self.allocate_hold = Hold(self._notify)
         self._admission = Admission(
-            self._resources, on_change=self._pods_changed, allocate_gate=self.allocate_gate
+            self._resources, on_change=self._pods_changed, allocate_hold=self.allocate_hold
         )
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -127,7 +127,7 @@ class KubeletSimulator(Service):
             pods=lambda: self._admission.pods.values(),
             numa=lambda r: self._resources[r].numa if r in self._resources else {},
             devices=lambda: {r: list(s.health) for r, s in self._resources.items()},
-            gate=self.pod_resources_gate,
+            hold=self.pod_resources_hold,
         )
         self.pod_resources_socket.unlink(missing_ok=True)
         self._servers[self.pod_resources_socket] = await unix_grpc.serve(

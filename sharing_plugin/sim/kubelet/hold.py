@@ -2,14 +2,14 @@
 
 A real kubelet answers PodResources from a state that may be a moment old by the time the answer
 arrives, and calls Allocate a moment after it picked the devices from the list it last received.
-Races with a reload live in those moments; a test closes a gate to open such a window at a
+Races with a reload live in those moments; a test closes a hold to open such a window at a
 chosen point, checks that the simulator is waiting in it (`waiting`), acts, and opens it again.
 
-    kubelet.pod_resources_gate.close()
+    kubelet.pod_resources_hold.close()
     ...                                   # something asks PodResources: the answer is held
-    await kubelet.wait_for(lambda: kubelet.pod_resources_gate.waiting == 1)
+    await kubelet.wait_for(lambda: kubelet.pod_resources_hold.waiting == 1)
     ...                                   # act inside the window
-    kubelet.pod_resources_gate.open()
+    kubelet.pod_resources_hold.open()
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import asyncio
 from collections.abc import Callable
 
 
-class Gate:
+class Hold:
     """Open by default; while closed, every `passage()` waits until `open()`."""
 
     def __init__(self, on_change: Callable[[], None]) -> None:
