@@ -119,7 +119,7 @@ def _plan_node(args: argparse.Namespace) -> int:
         )
         return EXIT_USAGE
     from sharing_plugin.cli.render import plan_json, plan_table
-    from sharing_plugin.config.loader import select
+    from sharing_plugin.config.selection import select
     from sharing_plugin.nvml.discover import discover
     from sharing_plugin.plan.node import plan_node
     from sharing_plugin.views.labels import labels, render_labels

@@ -16,10 +16,10 @@ if TYPE_CHECKING:
         dump_config,
         parse_config,
         parse_configs,
-        select,
     )
     from sharing_plugin.config.model import Config
     from sharing_plugin.config.schema import schema_text
+    from sharing_plugin.config.selection import select
 
 __all__ = [
     "Config",
@@ -32,7 +32,7 @@ __all__ = [
     "select",
 ]
 
-_HOME = {"Config": "model", "schema_text": "schema"}
+_HOME = {"Config": "model", "schema_text": "schema", "select": "selection"}
 
 
 def __getattr__(name: str) -> Any:

@@ -20,9 +20,10 @@ from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Any
 
-from sharing_plugin.config.loader import LoadedConfig, select
+from sharing_plugin.config.loader import LoadedConfig
 from sharing_plugin.config.model import Config
 from sharing_plugin.config.names import DEFAULT_CONFIG_LABEL
+from sharing_plugin.config.selection import select
 from sharing_plugin.errors import ConfigError, PlanError, SharingPluginError
 from sharing_plugin.fleet.from_labels import NodeLabelsError, node_inventory
 from sharing_plugin.gpus.inventory import Inventory

@@ -41,14 +41,8 @@ from sharing_plugin.kubelet.api.deviceplugin.v1beta1 import api_pb2 as dp
 from sharing_plugin.kubelet.api.deviceplugin.v1beta1 import api_pb2_grpc as dp_grpc
 from sharing_plugin.kubelet.grants import GrantLedger
 from sharing_plugin.kubelet.recording import KubeletRecorder
-from sharing_plugin.kubelet.servicer import (
-    OPTIONS,
-    AllocateContext,
-    DevicePluginServicer,
-    Snapshot,
-    add_to_server,
-    snapshot,
-)
+from sharing_plugin.kubelet.servicer import OPTIONS, DevicePluginServicer, add_to_server
+from sharing_plugin.kubelet.snapshot import AllocateContext, Snapshot, snapshot
 from sharing_plugin.plan import ResourcePlan
 
 __all__ = [

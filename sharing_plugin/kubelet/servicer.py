@@ -33,23 +33,19 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import grpc
 
-from sharing_plugin.config.model import Flags
 from sharing_plugin.errors import AllocationError
-from sharing_plugin.gpus.inventory import Inventory
 from sharing_plugin.kit.unix_grpc import Context
 from sharing_plugin.kubelet import translate
 from sharing_plugin.kubelet.api.deviceplugin.v1beta1 import api_pb2 as dp
 from sharing_plugin.kubelet.grants import GrantLedger
 from sharing_plugin.kubelet.recording import KubeletRecorder
+from sharing_plugin.kubelet.snapshot import Snapshot
 from sharing_plugin.plan import (
-    CONTROL_DEVICE_NODES,
-    ResourcePlan,
     VirtualDevice,
     allocate,
     preferred,
@@ -62,81 +58,6 @@ log = logging.getLogger(__name__)
 # RegisterRequest, so both places must say the same.
 OPTIONS = dp.DevicePluginOptions(pre_start_required=False, get_preferred_allocation_available=True)
 SERVICE = dp.DESCRIPTOR.services_by_name["DevicePlugin"].full_name
-
-
-@dataclass(frozen=True)
-class AllocateContext:
-    """What Allocate and GetPreferredAllocation need besides the resource's devices."""
-
-    flags: Flags
-    inventory: Inventory | None = None
-    control_nodes: tuple[str, ...] = CONTROL_DEVICE_NODES
-
-
-@dataclass(frozen=True, slots=True)
-class Snapshot:
-    """One consistent view of a resource: its plan, the flags, and the ListAndWatch message,
-    serialised (`payload`).
-
-    `withdrawn`: devices an earlier snapshot advertised Healthy that this one does not, each
-    with the loop time until which Allocate still honours it.
-    """
-
-    resource: ResourcePlan
-    context: AllocateContext
-    key: translate.DeviceKey
-    payload: bytes = field(compare=False)
-    withdrawn: Mapping[str, tuple[VirtualDevice, float]] = field(
-        default_factory=dict, compare=False
-    )
-
-    def serving(self, ids: Sequence[str], now: float) -> tuple[ResourcePlan, bool]:
-        """The resource to answer a request for `ids` from, and whether it had to honour
-        withdrawn devices. An ID neither advertised nor honoured is left for `allocate` to
-        refuse."""
-        if not self.withdrawn or all(i in self.resource for i in ids):
-            return self.resource, False
-        late: dict[str, VirtualDevice] = {}
-        for device_id in ids:
-            if device_id in self.resource or device_id in late:
-                continue
-            entry = self.withdrawn.get(device_id)
-            if entry is None or entry[1] < now:
-                return self.resource, False
-            late[device_id] = entry[0]
-        return replace(self.resource, devices=self.resource.devices + tuple(late.values())), True
-
-
-def snapshot(
-    resource: ResourcePlan,
-    context: AllocateContext,
-    *,
-    previous: Snapshot | None = None,
-    now: float = 0.0,
-    honour_s: float = 0.0,
-) -> Snapshot:
-    """A snapshot of `resource`; after `previous`, honouring for `honour_s` (from `now`) the
-    Healthy devices that `previous` advertised and `resource` drops."""
-    key = translate.device_key(resource)
-    withdrawn: dict[str, tuple[VirtualDevice, float]] = {}
-    if previous is not None:
-        withdrawn = {
-            i: entry
-            for i, entry in previous.withdrawn.items()
-            if entry[1] >= now and i not in resource
-        }
-        if key != previous.key:
-            until = now + honour_s
-            for device in previous.resource.devices:
-                if device.healthy and device.id not in resource:
-                    withdrawn[device.id] = (device, until)
-    return Snapshot(
-        resource=resource,
-        context=context,
-        key=key,
-        payload=translate.list_response(resource.devices).SerializeToString(),
-        withdrawn=withdrawn,
-    )
 
 
 class _Stream:

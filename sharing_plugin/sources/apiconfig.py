@@ -25,7 +25,8 @@ from collections.abc import AsyncGenerator, Callable, Mapping
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from sharing_plugin.config.loader import NamedConfigs, parse_config, select
+from sharing_plugin.config.loader import NamedConfigs, parse_config
+from sharing_plugin.config.selection import select
 from sharing_plugin.errors import ConfigError, KubeApiError, Problem
 from sharing_plugin.kit.tasks import TaskOwner
 from sharing_plugin.sources.filewatch import ConfigSource

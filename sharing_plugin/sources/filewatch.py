@@ -26,7 +26,7 @@ import logging
 from collections.abc import AsyncGenerator, Callable
 from pathlib import Path
 
-from sharing_plugin.config.loader import select
+from sharing_plugin.config.selection import select
 from sharing_plugin.errors import ConfigError, Problem
 from sharing_plugin.kit.fswatch import DirectoryGone, DirectoryWatch
 from sharing_plugin.kit.tasks import TaskOwner

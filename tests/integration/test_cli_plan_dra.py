@@ -10,7 +10,7 @@ import pytest
 import yaml_fast
 
 from sharing_plugin.cli import main
-from sharing_plugin.config.loader import select
+from sharing_plugin.config.selection import select
 from sharing_plugin.nvml.discover import discover
 from sharing_plugin.plan.node import plan_node
 from sharing_plugin.sim.nvml.node import preset_names

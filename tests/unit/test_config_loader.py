@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from sharing_plugin.config.loader import parse_config, parse_configs, select
+from sharing_plugin.config.loader import parse_config, parse_configs
+from sharing_plugin.config.selection import select
 from sharing_plugin.errors import ConfigError
 from sharing_plugin.sources.files import load_configs
 
