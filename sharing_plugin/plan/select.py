@@ -9,16 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from sharing_plugin.config.model import (
-    DeviceRef,
-    DeviceSelection,
-    GpuIndexRef,
-    MigGiCiRef,
-    MigIndexRef,
-    ProductRef,
-    ReplicatedResource,
-    UuidRef,
-)
+from sharing_plugin.config import devices as refs
+from sharing_plugin.config.model import ReplicatedResource
 from sharing_plugin.config.names import glob_matches
 from sharing_plugin.errors import Problem
 from sharing_plugin.gpus.inventory import Inventory
@@ -51,7 +43,7 @@ class DeviceSelector:
 
     def select(self, entry: ReplicatedResource, devices: list[VirtualDevice], path: str) -> Found:
         """The devices `entry` selects among `devices`, with what is wrong or worth saying."""
-        selection: DeviceSelection = entry.devices
+        selection: refs.DeviceSelection = entry.devices
         if selection == "all":
             if devices:
                 return Found(list(devices))
@@ -81,7 +73,7 @@ class DeviceSelector:
             ref_path = f"{path}.devices[{j}]"
             matched = [d for d in devices if self._matches(ref, d)]
             if not matched:
-                if isinstance(ref, ProductRef):
+                if isinstance(ref, refs.ProductRef):
                     found.warnings.append(
                         f"{ref_path}: no {entry.name} device on this node is on a GPU whose "
                         f"product matches {ref.product!r}, so it selects nothing"
@@ -94,14 +86,14 @@ class DeviceSelector:
         found.devices.extend(sorted(chosen.values(), key=lambda d: order[d.physical]))
         return found
 
-    def _matches(self, ref: DeviceRef, device: VirtualDevice) -> bool:
-        if isinstance(ref, GpuIndexRef):
+    def _matches(self, ref: refs.DeviceRef, device: VirtualDevice) -> bool:
+        if isinstance(ref, refs.GpuIndexRef):
             return not device.is_mig and device.index == str(ref.index)
-        if isinstance(ref, MigIndexRef):
+        if isinstance(ref, refs.MigIndexRef):
             return device.is_mig and device.index == f"{ref.gpu}:{ref.mig}"
-        if isinstance(ref, UuidRef):
+        if isinstance(ref, refs.UuidRef):
             return device.physical == ref.uuid
-        if isinstance(ref, MigGiCiRef):
+        if isinstance(ref, refs.MigGiCiRef):
             mig = self.inventory.mig_device(device.physical) if device.is_mig else None
             return (
                 mig is not None
@@ -111,7 +103,7 @@ class DeviceSelector:
         gpu = self.inventory.gpu(device.gpu_uuid)
         return gpu is not None and glob_matches(ref.product, gpu.product)
 
-    def _missing(self, ref: DeviceRef, name: str) -> str:
+    def _missing(self, ref: refs.DeviceRef, name: str) -> str:
         """Why a reference selects nothing, and where the device it names went instead."""
         what, physical = self._locate(ref)
         if physical is None:
@@ -124,12 +116,12 @@ class DeviceSelector:
             )
         return f"{what} is advertised as {owner}, not {name}: move it to an entry named {owner}"
 
-    def _locate(self, ref: DeviceRef) -> tuple[str, str | None]:
+    def _locate(self, ref: refs.DeviceRef) -> tuple[str, str | None]:
         inv = self.inventory
-        if isinstance(ref, GpuIndexRef):
+        if isinstance(ref, refs.GpuIndexRef):
             gpu = next((g for g in inv.gpus if g.index == ref.index), None)
             return f"GPU {ref.index}", gpu.uuid if gpu else None
-        if isinstance(ref, MigIndexRef):
+        if isinstance(ref, refs.MigIndexRef):
             mig = next(
                 (
                     m
@@ -141,10 +133,10 @@ class DeviceSelector:
                 None,
             )
             return f"MIG device {ref.gpu}:{ref.mig}", mig.uuid if mig else None
-        if isinstance(ref, UuidRef):
+        if isinstance(ref, refs.UuidRef):
             known = inv.gpu(ref.uuid) or inv.mig_device(ref.uuid)
             return f"device {ref.uuid}", ref.uuid if known else None
-        if isinstance(ref, MigGiCiRef):
+        if isinstance(ref, refs.MigGiCiRef):
             mig = next(
                 (
                     m

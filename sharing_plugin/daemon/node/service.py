@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Generic
+from typing import TYPE_CHECKING, Generic, Protocol
 
 from sharing_plugin.daemon.node.consumer import PLAIN_PIPELINE, Checked, PipelineOptions
 from sharing_plugin.daemon.node.options import SourceOptions
@@ -80,25 +80,34 @@ class NodeService(Service, Generic[Checked]):
         says otherwise."""
 
 
+class ObservedOptions(Protocol):
+    """What a command with `/status` and metrics was asked: its sources, where to serve them."""
+
+    @property
+    def source(self) -> SourceOptions: ...
+    @property
+    def metrics_address(self) -> tuple[str, int] | None: ...
+
+
 class ObservedService(NodeService[Checked]):
-    """A `NodeService` with `/status` and metrics, served at `metrics_address` (None: off)."""
+    """A `NodeService` with `/status` and metrics, served at `options.metrics_address` (None:
+    off)."""
 
     def __init__(
         self,
-        options: SourceOptions,
+        options: ObservedOptions,
         *,
         name: str,
         nvml: NvmlApi,
         kube_client: AsyncClient | None,
-        metrics_address: tuple[str, int] | None,
         pipeline_options: PipelineOptions = PLAIN_PIPELINE,
     ) -> None:
         self.metrics = Metrics()
         self.status = StatusBoard()
-        self._metrics_address = metrics_address
+        self._metrics_address = options.metrics_address
         self._metrics_server: MetricsServer | None = None
         super().__init__(
-            options,
+            options.source,
             name=name,
             nvml=nvml,
             kube_client=kube_client,

@@ -59,11 +59,10 @@ class NodeDevicePlugin(ObservedService[None]):
         simulator); `kube_client` replaces the credentials found in the environment."""
         self.options = options
         super().__init__(
-            options.source,
+            options,
             name="device-plugin",
             nvml=nvml,
             kube_client=kube_client,
-            metrics_address=options.metrics_address,
             pipeline_options=PipelineOptions(
                 health_env=options.health_env,
                 mig_held_by=self._held_by,

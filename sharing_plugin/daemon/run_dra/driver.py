@@ -94,11 +94,10 @@ class DraDriver(ObservedService[PoolState]):
         self.keeper: PoolWriter | None = None
         self.server: DraPluginServer | None = None
         super().__init__(
-            options.source,
+            options,
             name="dra",
             nvml=nvml,
             kube_client=kube_client,
-            metrics_address=options.metrics_address,
             pipeline_options=PipelineOptions(
                 health_env=options.health_env,
                 mig_held_by=self._held_by,
