@@ -12,11 +12,11 @@ from typing import Any
 import pytest
 import realcluster
 import yaml
-from realcluster_support import GPU, STATE_LABEL, OnNode, on_node, sliced, unschedulable
+from realcluster_state import held
+from realcluster_support import GPU, STATE_LABEL, on_node, sliced, unschedulable
 
 from sharing_plugin.backends import backend_from_spec
 from sharing_plugin.config.model import Config
-from sharing_plugin.kubelet.podresources import PodResourcesClient
 from sharing_plugin.nvml.discover import discover
 from sharing_plugin.plan import ResourcePlan, plan
 
@@ -52,20 +52,6 @@ def expected(config: str, gpus: str) -> dict[str, ResourcePlan]:
     node = discover(backend_from_spec(gpus))
     the_plan = plan(Config.model_validate(yaml.safe_load(config)), node)
     return {r.name: r for r in the_plan.resources}
-
-
-async def held(node: OnNode) -> dict[tuple[str, str], list[str]]:
-    """(pod, resource) -> the device IDs the real PodResources API says the pod holds."""
-    client = PodResourcesClient(node.cluster.kubelet_root)
-    try:
-        replicas = await client.held_replicas()
-    finally:
-        await client.close()
-    assert replicas is not None
-    found: dict[tuple[str, str], list[str]] = {}
-    for r in replicas:
-        found.setdefault((r.holder.pod, r.resource), []).append(r.device_id)
-    return found
 
 
 def told(record: dict[str, Any]) -> tuple[list[str], list[str]]:

@@ -7,13 +7,12 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Any
 
 import pytest
 import realcluster
 from lightkube.resources.core_v1 import Pod
-from realapi_support import observed
-from realcluster_support import DEPLOY_DRA, DRIVER, SLICE, OnNode, on_node, sliced
+from realcluster_state import slices_when
+from realcluster_support import DEPLOY_DRA, DRIVER, on_node, sliced
 
 pytestmark = [
     pytest.mark.realtools,
@@ -27,18 +26,6 @@ TRIES = 5
 # A pod placed where its prepare fails waits for the kubelet's resync (60-90 s); one placed
 # where the kubelet can prepare runs in about a second.
 RUNS_WITHIN_S = 10.0
-
-
-async def slices_when(node: OnNode, done: Any, *, within: float = 30.0) -> dict[str, Any]:
-    """The node's ResourceSlices (as dictionaries, by name) once `done(them)` holds."""
-    found = await observed(
-        node.client,
-        SLICE,
-        lambda s: done({k: v.to_dict() for k, v in s.items()}),
-        fields={"spec.nodeName": node.name},
-        within=within,
-    )
-    return {k: v.to_dict() for k, v in found.items()}
 
 
 async def test_a_pod_placed_the_moment_the_slices_appear_runs(

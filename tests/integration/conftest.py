@@ -9,6 +9,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from daemon_harness import node_file
+from mps_harness import TWO_GPUS, reap_daemons
+from support.mps import write_wrapper
 
 from sharing_plugin.backends import backend_from_spec
 from sharing_plugin.config.model import Config
@@ -56,3 +59,16 @@ def make_plan() -> Callable[..., tuple[Plan, Config, Inventory]]:
         return plan(cfg, inventory), cfg, inventory
 
     return build
+
+
+@pytest.fixture
+def binary(short_dir: Path) -> Iterator[Path]:
+    """The stand-in MPS control binary (the MPS tests), its daemons reaped after the test."""
+    yield write_wrapper(short_dir / "bin")
+    reap_daemons(short_dir)
+
+
+@pytest.fixture
+def gpus(short_dir: Path) -> str:
+    """A simulated node of two GPUs."""
+    return f"simulated:{node_file(short_dir, TWO_GPUS)}"

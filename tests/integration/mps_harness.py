@@ -129,3 +129,10 @@ async def controller(
         options, nvml=backend_from_spec(gpus), control=ControlBinary(str(binary))
     ) as running:
         yield running
+
+
+def write(path: Path, text: str) -> None:
+    """Replace `path`'s content in one rename, as an editor saving it does."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text, encoding="utf-8")
+    tmp.replace(path)

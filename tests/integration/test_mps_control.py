@@ -4,25 +4,22 @@ from __future__ import annotations
 
 import os
 import signal
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from daemon_harness import eventually, node_file
+from daemon_harness import eventually
 from mps_harness import (
     RESOURCE,
-    TWO_GPUS,
     controller,
     daemon_pid,
     eventually_record,
     limits_of,
     mps_config,
     pipe_of,
-    reap_daemons,
     record,
     resource_root,
+    write,
 )
-from support.mps import write_wrapper
 from support.observe import next_applied
 
 from sharing_plugin.dra.checkpoint import (
@@ -35,23 +32,6 @@ from sharing_plugin.dra.checkpoint import (
 from sharing_plugin.dra.claims import ClaimRef
 from sharing_plugin.mps import DaemonState, process_alive
 from sharing_plugin.views.dra_api import DEFAULT_DRIVER, PublishedDevice
-
-
-@pytest.fixture
-def binary(short_dir: Path) -> Iterator[Path]:
-    yield write_wrapper(short_dir / "bin")
-    reap_daemons(short_dir)
-
-
-@pytest.fixture
-def gpus(short_dir: Path) -> str:
-    return f"simulated:{node_file(short_dir, TWO_GPUS)}"
-
-
-def write(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text, encoding="utf-8")
-    tmp.replace(path)
 
 
 @pytest.mark.subprocess

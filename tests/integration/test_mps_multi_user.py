@@ -5,22 +5,19 @@ from __future__ import annotations
 
 import os
 import stat
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from daemon_harness import node_file
 from mps_harness import (
-    TWO_GPUS,
     ask,
     controller,
     eventually_record,
     mps_config,
     pipe_of,
-    reap_daemons,
     resource_root,
+    write,
 )
-from support.mps import NOBODY, client_as, interpreter_for_others, write_wrapper
+from support.mps import NOBODY, client_as, interpreter_for_others
 from support.observe import next_applied
 
 from sharing_plugin.mps import DaemonState
@@ -28,23 +25,6 @@ from sharing_plugin.mps import DaemonState
 MULTI_USER = "    multiUser: true\n"
 
 pytestmark = pytest.mark.subprocess  # the stand-in MPS control daemon runs as a process
-
-
-@pytest.fixture
-def binary(short_dir: Path) -> Iterator[Path]:
-    yield write_wrapper(short_dir / "bin")
-    reap_daemons(short_dir)
-
-
-@pytest.fixture
-def gpus(short_dir: Path) -> str:
-    return f"simulated:{node_file(short_dir, TWO_GPUS)}"
-
-
-def write(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text, encoding="utf-8")
-    tmp.replace(path)
 
 
 def mode(path: Path) -> int:

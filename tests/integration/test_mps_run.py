@@ -10,24 +10,21 @@ import asyncio
 import os
 import signal
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from daemon_harness import eventually, node_file, running
+from daemon_harness import eventually, running
 from mps_harness import (
     RESOURCE,
-    TWO_GPUS,
     controller,
     daemon_pid,
     eventually_record,
     limits_of,
     mps_config,
     pipe_of,
-    reap_daemons,
     resource_root,
+    write,
 )
-from support.mps import write_wrapper
 from support.observe import next_applied
 
 from sharing_plugin.mps import (
@@ -40,23 +37,6 @@ from sharing_plugin.mps import (
 
 REPLICAS = 4
 ALL = 2 * REPLICAS  # two GPUs
-
-
-@pytest.fixture
-def binary(short_dir: Path) -> Iterator[Path]:
-    yield write_wrapper(short_dir / "bin")
-    reap_daemons(short_dir)
-
-
-@pytest.fixture
-def gpus(short_dir: Path) -> str:
-    return f"simulated:{node_file(short_dir, TWO_GPUS)}"
-
-
-def write(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text, encoding="utf-8")
-    tmp.replace(path)
 
 
 @pytest.mark.subprocess
