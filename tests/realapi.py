@@ -26,7 +26,6 @@ import gzip
 import json
 import os
 import shutil
-import signal
 import subprocess
 import tempfile
 import time
@@ -37,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from kustomize_render import SHARED_DIR_ENV
+from outside_process import AdminAccess, locked, stop
 
 ROOT = Path(__file__).resolve().parents[1]
 ARCHIVE = ROOT.parent / "shared" / "tools" / "realapi.gz"
@@ -56,7 +56,7 @@ rules:
 
 
 @dataclass(frozen=True)
-class RealApi:
+class RealApi(AdminAccess):
     """A running server, as its ready line describes it."""
 
     url: str
@@ -73,50 +73,6 @@ class RealApi:
     @property
     def audit_log(self) -> Path:
         return self.home / "audit.log"
-
-    def kubectl(self, *args: str, stdin: str | None = None, check: bool = True) -> str:
-        """`kubectl --kubeconfig ADMIN ARGS...`; its stdout (AssertionError with stderr when it
-        fails and `check`)."""
-        done = subprocess.run(
-            ["kubectl", "--kubeconfig", str(self.kubeconfig), *args],
-            input=stdin,
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
-        if check:
-            assert done.returncode == 0, f"kubectl {' '.join(args)}: {done.stderr}"
-        return done.stdout + (done.stderr if not check else "")
-
-    def token_kubeconfig(self, path: Path, token: str, *, namespace: str = "default") -> Path:
-        """A kubeconfig for this server with a bearer token (a ServiceAccount's)."""
-        path.write_text(
-            json.dumps(
-                {
-                    "apiVersion": "v1",
-                    "kind": "Config",
-                    "clusters": [
-                        {
-                            "name": "realapi",
-                            "cluster": {"server": self.url, "certificate-authority": str(self.ca)},
-                        }
-                    ],
-                    "users": [{"name": "user", "user": {"token": token}}],
-                    "contexts": [
-                        {
-                            "name": "realapi",
-                            "context": {
-                                "cluster": "realapi",
-                                "user": "user",
-                                "namespace": namespace,
-                            },
-                        }
-                    ],
-                    "current-context": "realapi",
-                }
-            )
-        )
-        return path
 
     def audit(self, user: str) -> list[dict[str, Any]]:
         """The audit events of `user` so far (a line being written is left out)."""
@@ -153,7 +109,8 @@ def unconfigure(shared: Path) -> None:
     """In the run's main process, after the workers ended: stop the server if one started."""
     home = shared / "realapi"
     with contextlib.suppress(FileNotFoundError):
-        _stop(json.loads((home / "ready.json").read_text())["pid"])
+        pid = json.loads((home / "ready.json").read_text())["pid"]
+        stop(pid, what="realapi", grace_s=10.0)
     while _held_stdin:
         os.close(_held_stdin.pop())
 
@@ -165,7 +122,7 @@ def unconfigure(shared: Path) -> None:
 def shared() -> Iterator[RealApi]:
     """The run's server (started now if it is not yet), used beside other tests."""
     home = _home()
-    with _lock(home / "use.lock", fcntl.LOCK_SH):
+    with locked(home / "use.lock", fcntl.LOCK_SH):
         yield _started(home)
 
 
@@ -173,22 +130,22 @@ def shared() -> Iterator[RealApi]:
 def exclusive() -> Iterator[RealApi]:
     """The run's server, once no other test uses it, and none may until this one is done."""
     home = _home()
-    with _lock(home / "use.lock", fcntl.LOCK_EX):
+    with locked(home / "use.lock", fcntl.LOCK_EX):
         yield _started(home)
 
 
 @contextlib.contextmanager
 def held(name: str) -> Iterator[None]:
     """A lock of the run's server, by name: for objects whose names tests cannot choose."""
-    with _lock(_home() / f"{name}.lock", fcntl.LOCK_EX):
+    with locked(_home() / f"{name}.lock", fcntl.LOCK_EX):
         yield
 
 
 def restart(api: RealApi) -> RealApi:
     """Stop the server and start it again on the same data and port (hold it `exclusive`)."""
     home = api.home
-    with _lock(home / "start.lock", fcntl.LOCK_EX):
-        _stop(api.pid)
+    with locked(home / "start.lock", fcntl.LOCK_EX):
+        stop(api.pid, what="realapi", grace_s=10.0)
         (home / "ready.json").unlink()
         return _start(home, port=api.port)
 
@@ -204,7 +161,7 @@ def private(home: Path) -> Iterator[RealApi]:
         try:
             yield api
         finally:
-            _stop(api.pid)
+            stop(api.pid, what="realapi", grace_s=10.0)
     finally:
         os.close(held)
 
@@ -216,18 +173,8 @@ def _home() -> Path:
     return Path(shared_dir) / "realapi"
 
 
-@contextlib.contextmanager
-def _lock(path: Path, how: int) -> Iterator[None]:
-    with open(path, "a") as handle:
-        fcntl.flock(handle, how)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
-
-
 def _started(home: Path) -> RealApi:
-    with _lock(home / "start.lock", fcntl.LOCK_EX):
+    with locked(home / "start.lock", fcntl.LOCK_EX):
         ready = home / "ready.json"
         if ready.exists():
             return _api(json.loads(ready.read_text()), home)
@@ -293,25 +240,3 @@ def _api(ready: dict[str, Any], home: Path) -> RealApi:
         pid=int(ready["pid"]),
         home=home,
     )
-
-
-def _stop(pid: int) -> None:
-    """SIGTERM, then wait until the process is gone (or a zombie its new parent has not reaped
-    yet); SIGKILL past 10 s."""
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, sig)
-        deadline = time.monotonic() + 10.0
-        while _alive(pid) and time.monotonic() < deadline:  # not our child: nothing to wait on
-            time.sleep(0.01)
-        if not _alive(pid):
-            return
-    raise RuntimeError(f"realapi (pid {pid}) did not stop")
-
-
-def _alive(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except FileNotFoundError:
-        return False
-    return stat.rpartition(")")[2].split()[0] != "Z"

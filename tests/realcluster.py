@@ -17,12 +17,10 @@ and a unix socket path holds 107 bytes); the shared directory records where.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import gzip
 import json
 import os
 import shutil
-import signal
 import subprocess
 import tempfile
 import time
@@ -32,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from kustomize_render import SHARED_DIR_ENV
+from outside_process import AdminAccess, locked, stop
 
 ROOT = Path(__file__).resolve().parents[1]
 ARCHIVE = ROOT.parent / "shared" / "tools" / "realcluster.gz"
@@ -41,7 +40,7 @@ START_TIMEOUT_S = 90.0
 
 
 @dataclass(frozen=True)
-class RealCluster:
+class RealCluster(AdminAccess):
     """A running cluster, as its ready line describes it."""
 
     url: str
@@ -54,38 +53,6 @@ class RealCluster:
     pod_resources_socket: Path
     pid: int
     dir: Path  # its state: etcd, the kubelet's root, the runtime's records
-
-    def kubectl(self, *args: str, stdin: str | None = None, check: bool = True) -> str:
-        """`kubectl --kubeconfig ADMIN ARGS...`; its stdout (AssertionError with stderr when it
-        fails and `check`)."""
-        done = subprocess.run(
-            ["kubectl", "--kubeconfig", str(self.kubeconfig), *args],
-            input=stdin,
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
-        if check:
-            assert done.returncode == 0, f"kubectl {' '.join(args)}: {done.stderr}"
-        return done.stdout + (done.stderr if not check else "")
-
-    def token_kubeconfig(self, path: Path, token: str, *, namespace: str = "default") -> Path:
-        """A kubeconfig for this cluster with a bearer token (a ServiceAccount's)."""
-        cluster = {"server": self.url, "certificate-authority": str(self.ca)}
-        context = {"cluster": "c", "user": "u", "namespace": namespace}
-        path.write_text(
-            json.dumps(
-                {
-                    "apiVersion": "v1",
-                    "kind": "Config",
-                    "clusters": [{"name": "c", "cluster": cluster}],
-                    "users": [{"name": "u", "user": {"token": token}}],
-                    "contexts": [{"name": "c", "context": context}],
-                    "current-context": "c",
-                }
-            )
-        )
-        return path
 
     def created_containers(self, pod_uid: str | None = None) -> list[dict[str, Any]]:
         """The runtime's CreateContainer records (of one pod's, given its UID), oldest first."""
@@ -118,7 +85,7 @@ def unconfigure(shared: Path) -> None:
     home = shared / "realcluster"
     with contextlib.suppress(FileNotFoundError):
         ready = json.loads((home / "ready.json").read_text())
-        _stop(ready["pid"])
+        stop(ready["pid"], what="realcluster", grace_s=20.0, poll_s=0.02)
     with contextlib.suppress(FileNotFoundError):
         shutil.rmtree((home / "dir").read_text(), ignore_errors=True)
     while _held_stdin:
@@ -132,7 +99,7 @@ def unconfigure(shared: Path) -> None:
 def held() -> Iterator[RealCluster]:
     """The run's cluster (started now if it is not yet), this test's alone until it is done."""
     home = _home()
-    with _lock(home / "use.lock"):
+    with locked(home / "use.lock"):
         yield _started(home)
 
 
@@ -140,7 +107,7 @@ def restart(cluster: RealCluster) -> RealCluster:
     """Stop the cluster and start it again on its directory: etcd's data, the kubelet's
     checkpoints and the runtime's state are kept (a node rebooting with pods bound to it)."""
     home = _home()
-    _stop(cluster.pid)
+    stop(cluster.pid, what="realcluster", grace_s=20.0, poll_s=0.02)
     (home / "ready.json").unlink()
     return _start(home, cluster.dir)
 
@@ -157,7 +124,7 @@ def private() -> Iterator[RealCluster]:
         try:
             yield cluster
         finally:
-            _stop(cluster.pid)
+            stop(cluster.pid, what="realcluster", grace_s=20.0, poll_s=0.02)
     finally:
         os.close(holder)
         shutil.rmtree(state, ignore_errors=True)
@@ -169,16 +136,6 @@ def _home() -> Path:
     if shared_dir is None:  # a test run without the suite's conftest
         raise RuntimeError(f"{SHARED_DIR_ENV} is not set: run the tests through pytest")
     return Path(shared_dir) / "realcluster"
-
-
-@contextlib.contextmanager
-def _lock(path: Path) -> Iterator[None]:
-    with open(path, "a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def _started(home: Path) -> RealCluster:
@@ -235,25 +192,3 @@ def _cluster(ready: dict[str, Any]) -> RealCluster:
         pid=int(ready["pid"]),
         dir=Path(ready["dir"]),
     )
-
-
-def _stop(pid: int) -> None:
-    """SIGTERM (the cluster stops its components in ~4 s), then wait until it is gone;
-    SIGKILL past 20 s."""
-    for sig, within in ((signal.SIGTERM, 20.0), (signal.SIGKILL, 10.0)):
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, sig)
-        deadline = time.monotonic() + within
-        while _alive(pid) and time.monotonic() < deadline:  # not our child: nothing to wait on
-            time.sleep(0.02)
-        if not _alive(pid):
-            return
-    raise RuntimeError(f"realcluster (pid {pid}) did not stop")
-
-
-def _alive(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except FileNotFoundError:
-        return False
-    return stat.rpartition(")")[2].split()[0] != "Z"
