@@ -15,6 +15,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from sharing_plugin.config.memory import HOOK_PATH_ENV
+from sharing_plugin.config.options import DRIVER_ROOT_ENV
 from sharing_plugin.daemon.node.options import SourceOptions
 from sharing_plugin.errors import ConfigError, Problem
 from sharing_plugin.nvml.api import NvmlApi
@@ -75,11 +76,12 @@ def cgroup_version(spec: str, backend: NvmlApi) -> int | None:
 
 def serving_backend(source: SourceOptions) -> tuple[NvmlApi, SourceOptions]:
     """The NVML of a serving command, and its source options with what the node says of
-    itself filled in (the cgroup hierarchy, the CDI hook's default path)."""
+    itself filled in (the cgroup hierarchy, the CDI hook's default path, the driver root)."""
     backend = backend_from_spec(source.gpus)
     found = replace(
         source,
         cgroup_version=cgroup_version(source.gpus, backend),
         hook_path_default=os.environ.get(HOOK_PATH_ENV),
+        driver_root_default=os.environ.get(DRIVER_ROOT_ENV) or None,
     )
     return backend, found

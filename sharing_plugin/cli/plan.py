@@ -143,7 +143,13 @@ def _plan_node(args: argparse.Namespace) -> int:
         # A node description that exists but is wrong is invalid input, as `run` treats it; a
         # SPEC that names no backend, preset or file is a usage error.
         return EXIT_INVALID if names_node_file(args.gpus) else EXIT_USAGE
+    from sharing_plugin.config.options import DRIVER_ROOT_ENV, with_driver_root
+
     config = loaded.config
+    if (
+        flags := with_driver_root(config.flags, os.environ.get(DRIVER_ROOT_ENV))
+    ) is not config.flags:
+        config = config.model_copy(update={"flags": flags})
     try:
         inventory = discover(backend, fail_on_init_error=config.flags.fail_on_init_error)
     except SharingPluginError as exc:

@@ -134,6 +134,20 @@ class Flags(Strict):
         return data
 
 
+DRIVER_ROOT_ENV = "NVIDIA_DRIVER_ROOT"
+
+
+def with_driver_root(flags: Flags, root: str | None) -> Flags:
+    """`flags` with the node's driver root (`NVIDIA_DRIVER_ROOT`, as the reference reads it)
+    where the config names none; device nodes follow it unless the config names theirs."""
+    if not root or "nvidia_driver_root" in flags.model_fields_set:
+        return flags
+    update = {"nvidia_driver_root": root}
+    if "nvidia_dev_root" not in flags.model_fields_set:
+        update["nvidia_dev_root"] = root
+    return flags.model_copy(update=update)
+
+
 class Health(Strict):
     """GPU health checking through NVML Xid events.
 

@@ -13,7 +13,7 @@ def test_every_env_var_run_reads_is_cleared_for_the_child(
 ) -> None:
     read = {env for _, env, _, _ in FLAGS}
     read |= {"KUBECONFIG", "DP_DISABLE_HEALTHCHECKS", "DP_ENABLE_HEALTHCHECKS"}
-    read |= {"NVIDIA_CDI_HOOK_PATH"}
+    read |= {"NVIDIA_CDI_HOOK_PATH", "NVIDIA_DRIVER_ROOT"}
     assert read <= set(RUN_ENV_VARS), f"not cleared: {sorted(read - set(RUN_ENV_VARS))}"
     for name in read:
         monkeypatch.setenv(name, "from-the-parent")

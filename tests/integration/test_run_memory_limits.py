@@ -156,3 +156,16 @@ async def test_a_held_replica_stays_advertised_draining_when_required_withdraws_
         assert status(run)["resources"][SHARED]["draining"] == [held]  # type: ignore[index]
         run.kubelet.delete_pod("p")
         await eventually(lambda: run.kubelet.devices(SHARED) == {})
+
+
+async def test_the_hook_gets_the_nodes_driver_root_when_the_config_names_none(
+    short_dir: Path,
+) -> None:
+    gpus, cdi = t4_node(short_dir), short_dir / "cdi"
+    text = config("best-effort", hook(short_dir))
+    async with running(
+        short_dir, text, gpus=gpus, cdi_dir=cdi, driver_root_default="/run/nvidia/driver"
+    ):
+        spec = json.loads((cdi / SPEC).read_text())
+        (hook_edit,) = spec["devices"][0]["containerEdits"]["hooks"]
+        assert hook_edit["args"][2:4] == ["--driver-root", "/run/nvidia/driver"]

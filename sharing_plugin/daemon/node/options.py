@@ -34,6 +34,9 @@ class SourceOptions:
     # the host's, or a simulated node's own) and $NVIDIA_CDI_HOOK_PATH, the hook's default path.
     cgroup_version: int | None = None
     hook_path_default: str | None = None
+    # $NVIDIA_DRIVER_ROOT: the driver root of a config that names none (the GPU Operator's
+    # /run/nvidia/driver), read once at start.
+    driver_root_default: str | None = None
 
     @property
     def needs_api(self) -> bool:

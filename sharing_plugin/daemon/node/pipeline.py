@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Generic
 from sharing_plugin.config.loader import LoadedConfig
 from sharing_plugin.config.memory import hook_path
 from sharing_plugin.config.model import Config
+from sharing_plugin.config.options import with_driver_root
 from sharing_plugin.daemon.node.consumer import (
     PLAIN_PIPELINE,
     Checked,
@@ -81,6 +82,7 @@ class NodePipeline(Generic[Checked]):
         pipeline_options: PipelineOptions = PLAIN_PIPELINE,
     ) -> None:
         self.options = options
+        self._root = options.driver_root_default
         self.nvml = nvml
         self.reports = reports
         self._side = NodeSide(
@@ -285,6 +287,8 @@ class NodePipeline(Generic[Checked]):
         if update is not None and update.error is not None:
             return self._reject(update.error.problems, trigger)
         config = loaded.config if loaded else Config()
+        if (flags := with_driver_root(config.flags, self._root)) is not config.flags:
+            config = config.model_copy(update={"flags": flags})
         try:
             inventory = await self._discovery.inventory_for(config)
             inventory = await self._partition(config, inventory)
