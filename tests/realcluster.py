@@ -37,6 +37,9 @@ ARCHIVE = ROOT.parent / "shared" / "tools" / "realcluster.gz"
 AVAILABLE = ARCHIVE.is_file() and shutil.which("kubectl") is not None and os.geteuid() == 0
 SKIP_REASON = "../shared/tools/realcluster.gz, kubectl or root is missing (CI has them)"
 START_TIMEOUT_S = 90.0
+# The run's clusters: each test holds one alone, so two halve the time the real-cluster tests
+# take one after another (their waits are the kubelet's 10 s status period, not CPU).
+CLUSTERS = ("realcluster", "realcluster-2")
 
 
 @dataclass(frozen=True)
@@ -53,6 +56,7 @@ class RealCluster(AdminAccess):
     pod_resources_socket: Path
     pid: int
     dir: Path  # its state: etcd, the kubelet's root, the runtime's records
+    home: Path  # the harness's: the binary, the ready line, the locks
 
     def created_containers(self, pod_uid: str | None = None) -> list[dict[str, Any]]:
         """The runtime's CreateContainer records (of one pod's, given its UID), oldest first."""
@@ -72,22 +76,25 @@ _held_stdin: list[int] = []
 
 
 def configure(shared: Path) -> None:
-    """In the run's main process, before the workers start: the FIFO the cluster reads as
-    stdin, held open here."""
-    home = shared / "realcluster"
-    home.mkdir()
-    os.mkfifo(home / "stdin")
-    _held_stdin.append(os.open(home / "stdin", os.O_RDWR | os.O_NONBLOCK))
+    """In the run's main process, before the workers start: for each of the run's clusters, the
+    FIFO it reads as stdin, held open here."""
+    for name in CLUSTERS:
+        home = shared / name
+        home.mkdir()
+        os.mkfifo(home / "stdin")
+        _held_stdin.append(os.open(home / "stdin", os.O_RDWR | os.O_NONBLOCK))
 
 
 def unconfigure(shared: Path) -> None:
-    """In the run's main process, after the workers ended: stop the cluster, remove its state."""
-    home = shared / "realcluster"
-    with contextlib.suppress(FileNotFoundError):
-        ready = json.loads((home / "ready.json").read_text())
-        stop(ready["pid"], what="realcluster", grace_s=20.0, poll_s=0.02)
-    with contextlib.suppress(FileNotFoundError):
-        shutil.rmtree((home / "dir").read_text(), ignore_errors=True)
+    """In the run's main process, after the workers ended: stop the clusters, remove their
+    state."""
+    for name in CLUSTERS:
+        home = shared / name
+        with contextlib.suppress(FileNotFoundError):
+            ready = json.loads((home / "ready.json").read_text())
+            stop(ready["pid"], what="realcluster", grace_s=20.0, poll_s=0.02)
+        with contextlib.suppress(FileNotFoundError):
+            shutil.rmtree((home / "dir").read_text(), ignore_errors=True)
     while _held_stdin:
         os.close(_held_stdin.pop())
 
@@ -96,9 +103,10 @@ def unconfigure(shared: Path) -> None:
 
 
 @contextlib.contextmanager
-def held() -> Iterator[RealCluster]:
-    """The run's cluster (started now if it is not yet), this test's alone until it is done."""
-    home = _home()
+def held(name: str = CLUSTERS[0]) -> Iterator[RealCluster]:
+    """The run's cluster `name` (started now if it is not yet), this test's alone until it is
+    done."""
+    home = _home(name)
     with locked(home / "use.lock"):
         yield _started(home)
 
@@ -106,7 +114,7 @@ def held() -> Iterator[RealCluster]:
 def restart(cluster: RealCluster) -> RealCluster:
     """Stop the cluster and start it again on its directory: etcd's data, the kubelet's
     checkpoints and the runtime's state are kept (a node rebooting with pods bound to it)."""
-    home = _home()
+    home = cluster.home
     stop(cluster.pid, what="realcluster", grace_s=20.0, poll_s=0.02)
     (home / "ready.json").unlink()
     return _start(home, cluster.dir)
@@ -131,17 +139,17 @@ def private() -> Iterator[RealCluster]:
         shutil.rmtree(home, ignore_errors=True)
 
 
-def _home() -> Path:
+def _home(name: str) -> Path:
     shared_dir = os.environ.get(SHARED_DIR_ENV)
     if shared_dir is None:  # a test run without the suite's conftest
         raise RuntimeError(f"{SHARED_DIR_ENV} is not set: run the tests through pytest")
-    return Path(shared_dir) / "realcluster"
+    return Path(shared_dir) / name
 
 
 def _started(home: Path) -> RealCluster:
     ready = home / "ready.json"
     if ready.exists():
-        return _cluster(json.loads(ready.read_text()))
+        return _cluster(json.loads(ready.read_text()), home)
     state = Path(tempfile.mkdtemp(prefix="rc-", dir="/tmp"))
     (home / "dir").write_text(str(state))
     return _start(home, state)
@@ -172,15 +180,16 @@ def _start(home: Path, state: Path) -> RealCluster:
                 if event.get("event") == "ready":
                     (home / "ready.partial").write_text(line)
                     (home / "ready.partial").rename(home / "ready.json")
-                    return _cluster(event)
+                    return _cluster(event, home)
                 if event.get("ok") is False:
                     raise RuntimeError(f"realcluster did not start: {line}")
         time.sleep(0.05)
     raise RuntimeError(f"realcluster not ready in {START_TIMEOUT_S:g} s: {out.read_text()[-2000:]}")
 
 
-def _cluster(ready: dict[str, Any]) -> RealCluster:
+def _cluster(ready: dict[str, Any], home: Path) -> RealCluster:
     return RealCluster(
+        home=home,
         url=ready["url"],
         kubeconfig=Path(ready["kubeconfig"]),
         ca=Path(ready["ca"]),

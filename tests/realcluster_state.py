@@ -73,7 +73,7 @@ async def restarted(node: OnNode) -> None:
 
 
 async def slices_when(
-    node: OnNode, done: Callable[[dict[str, Any]], bool], *, within: float = 30.0
+    node: OnNode, done: Callable[[dict[str, Any]], bool], *, within: float = 60.0
 ) -> dict[str, Any]:
     """The node's ResourceSlices (as dictionaries, by name) once `done(them)` holds."""
     found = await observed(

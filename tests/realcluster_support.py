@@ -116,7 +116,7 @@ class OnNode:
         )
 
     async def node_when(
-        self, done: Callable[[dict[str, Any]], bool], *, within: float = 30.0
+        self, done: Callable[[dict[str, Any]], bool], *, within: float = 60.0
     ) -> dict[str, Any]:
         """The Node (as a dictionary), once `done(it)` holds."""
         found = await observed(
@@ -130,7 +130,7 @@ class OnNode:
         return node
 
     async def allocatable(
-        self, done: Callable[[dict[str, str]], bool], *, within: float = 30.0
+        self, done: Callable[[dict[str, str]], bool], *, within: float = 60.0
     ) -> dict[str, str]:
         """The Node's allocatable, once `done(it)` holds (the kubelet writes it at its status
         updates, every 10 s)."""
@@ -213,7 +213,7 @@ class OnNode:
         name: str,
         done: Callable[[dict[str, Any]], bool],
         *,
-        within: float = 30.0,
+        within: float = 60.0,
     ) -> dict[str, Any]:
         """The pod (as a dictionary) once `done(it)` holds."""
         found = await observed(
@@ -227,7 +227,7 @@ class OnNode:
         pod: dict[str, Any] = found[name].to_dict()
         return pod
 
-    async def running(self, namespace: str, name: str, *, within: float = 30.0) -> dict[str, Any]:
+    async def running(self, namespace: str, name: str, *, within: float = 60.0) -> dict[str, Any]:
         return await self.pod_when(namespace, name, phase("Running"), within=within)
 
     def created(self, pod: dict[str, Any] | Pod) -> dict[str, Any]:
