@@ -81,7 +81,16 @@ async def test_a_node_moves_from_run_to_run_dra_as_the_contract_writes(
                         plugin = await started_when_allowed(dra, tries)
                         # 5. the pool listed; 6. uncordon: the waiting pod runs, served by DRA.
                         real_cluster.kubectl("uncordon", name)
-                        pod = await dra.running(namespace, "waiting")
+                        try:
+                            pod = await dra.running(namespace, "waiting")
+                        except TimeoutError:
+                            said = real_cluster.kubectl(
+                                "describe", "pod", "waiting", "-n", namespace, check=False
+                            )
+                            slices = real_cluster.kubectl(
+                                "get", "resourceslices,node", "-o", "wide", check=False
+                            )
+                            raise AssertionError(f"{said}\n{slices}\n{plugin.stderr()}") from None
                         extended = pod["status"].get("extendedResourceClaimStatus")
                         assert extended is not None, pod["status"]
                         await node.pod(namespace, "after", {GPU: 1})
