@@ -10,8 +10,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-import pynvml
-
 from sharing_plugin.gpus.catalog import architecture_of
 from sharing_plugin.gpus.catalog.architecture import (
     ADA,
@@ -26,17 +24,21 @@ from sharing_plugin.gpus.catalog.architecture import (
 )
 from sharing_plugin.sim.nvml.state import SimGpu
 
+# nvmlDeviceArchitecture_t values: the numbers, not pynvml's names, which older bindings lack
+# (nvidia-ml-py 12.550 has no BLACKWELL).
 _ARCHITECTURES = {
-    KEPLER: pynvml.NVML_DEVICE_ARCH_KEPLER,
-    MAXWELL: pynvml.NVML_DEVICE_ARCH_MAXWELL,
-    PASCAL: pynvml.NVML_DEVICE_ARCH_PASCAL,
-    VOLTA: pynvml.NVML_DEVICE_ARCH_VOLTA,
-    TURING: pynvml.NVML_DEVICE_ARCH_TURING,
-    AMPERE: pynvml.NVML_DEVICE_ARCH_AMPERE,
-    ADA: pynvml.NVML_DEVICE_ARCH_ADA,
-    HOPPER: pynvml.NVML_DEVICE_ARCH_HOPPER,
-    BLACKWELL: pynvml.NVML_DEVICE_ARCH_BLACKWELL,
+    KEPLER: 2,
+    MAXWELL: 3,
+    PASCAL: 4,
+    VOLTA: 5,
+    TURING: 6,
+    AMPERE: 7,
+    ADA: 8,
+    HOPPER: 9,
+    BLACKWELL: 10,
 }
+ARCH_UNKNOWN = 0xFFFFFFFF  # NVML_DEVICE_ARCH_UNKNOWN
+BRAND_NVIDIA = 14  # NVML_BRAND_NVIDIA
 # What the simulator reports for a product it does not know (its compute capability too).
 UNKNOWN_COMPUTE_CAPABILITY = (7, 0)
 
@@ -56,11 +58,11 @@ class SimIdentity:
 
     def nvmlDeviceGetArchitecture(self, handle: object) -> int:
         name = architecture_of(compute_capability(self._gpu(handle)))
-        return int(_ARCHITECTURES.get(name, pynvml.NVML_DEVICE_ARCH_UNKNOWN))
+        return _ARCHITECTURES.get(name, ARCH_UNKNOWN)
 
     def nvmlDeviceGetBrand(self, handle: object) -> int:
         self._gpu(handle)
-        return int(pynvml.NVML_BRAND_NVIDIA)
+        return BRAND_NVIDIA
 
     def pcie_root(self, bus_id: str) -> str | None:
         """The root complex a GPU at `bus_id` (extended BDF, `0000:07:00.0`) is described
