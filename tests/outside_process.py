@@ -1,18 +1,23 @@
-"""What the harnesses of the real tools started outside pytest's process tree share: admin access
-to their API server (kubectl, a token kubeconfig), the file locks that let one run's workers
-share one instance, and stopping a process that is nobody's child."""
+"""What the harnesses of the real tools started outside pytest's process tree share: the binary
+unpacked, the process launched and its ready line awaited, admin access to its API server
+(kubectl, a token kubeconfig), the file locks that let one run's workers share one instance, and
+stopping a process that is nobody's child."""
 
 from __future__ import annotations
 
 import contextlib
 import fcntl
+import gzip
 import json
 import os
+import shutil
 import signal
 import subprocess
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 
 class AdminAccess:
@@ -87,3 +92,43 @@ def alive(pid: int) -> bool:
     except FileNotFoundError:
         return False
     return stat.rpartition(")")[2].split()[0] != "Z"
+
+
+def unpacked(archive: Path, binary: Path) -> Path:
+    """`binary`, unpacked from the gzip `archive` the first time (whole or not at all)."""
+    if not binary.exists():
+        partial = binary.with_name(binary.name + ".partial")
+        with gzip.open(archive) as packed, partial.open("wb") as out:
+            shutil.copyfileobj(packed, out)
+        partial.chmod(0o755)
+        partial.rename(binary)
+    return binary
+
+
+def launched(
+    command: list[str], *, home: Path, what: str, timeout_s: float, poll_s: float
+) -> dict[str, Any]:
+    """Start `command` reading `home/stdin`, and its ready line (JSON with `"event": "ready"`),
+    also kept as `home/ready.json`. Through a shell that exits at once: the process is nobody's
+    child in the run, so any process of it can stop it and see it gone."""
+    out = Path(tempfile.mkstemp(prefix="out-", suffix=".log", dir=home)[1])
+    subprocess.run(
+        ["sh", "-c", 'exec "$@" <"$STDIN" >"$OUT" 2>&1 &', "sh", *command],
+        env={**os.environ, "STDIN": str(home / "stdin"), "OUT": str(out)},
+        check=True,
+        timeout=10,
+    )
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:  # an outside process: its output file is all there is
+        for line in out.read_text().splitlines():
+            with contextlib.suppress(ValueError):
+                event = json.loads(line)
+                if event.get("event") == "ready":
+                    (home / "ready.partial").write_text(line)
+                    (home / "ready.partial").rename(home / "ready.json")
+                    ready: dict[str, Any] = event
+                    return ready
+                if event.get("ok") is False:
+                    raise RuntimeError(f"{what} did not start: {line}")
+        time.sleep(poll_s)
+    raise RuntimeError(f"{what} not ready within {timeout_s:g} s: {out.read_text()[-2000:]}")

@@ -22,13 +22,8 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import gzip
 import json
 import os
-import shutil
-import subprocess
-import tempfile
-import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -36,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from kustomize_render import SHARED_DIR_ENV
-from outside_process import AdminAccess, locked, stop
+from outside_process import AdminAccess, launched, locked, stop, unpacked
 
 ROOT = Path(__file__).resolve().parents[1]
 ARCHIVE = ROOT.parent / "shared" / "tools" / "realapi.gz"
@@ -182,16 +177,9 @@ def _started(home: Path) -> RealApi:
 
 
 def _start(home: Path, *, port: int) -> RealApi:
-    binary = home / "realapi"
-    if not binary.exists():
-        partial = home / "realapi.partial"
-        with gzip.open(ARCHIVE) as packed, partial.open("wb") as out:
-            shutil.copyfileobj(packed, out)
-        partial.chmod(0o755)
-        partial.rename(binary)
+    binary = unpacked(ARCHIVE, home / "realapi")
     policy = home / "audit-policy.yaml"
     policy.write_text(_AUDIT_POLICY)
-    out = Path(tempfile.mkstemp(prefix="out-", suffix=".log", dir=home)[1])
     command = [
         str(binary),
         "-dir",
@@ -208,27 +196,8 @@ def _start(home: Path, *, port: int) -> RealApi:
         # instead of holding the stop until the harness gives up on them (20 s).
         "--shutdown-watch-termination-grace-period=2s",
     ]
-    # Through a shell that exits at once: the server is nobody's child in the run, so any
-    # process of it can stop it and see it gone.
-    subprocess.run(
-        ["sh", "-c", 'exec "$@" <"$STDIN" >"$OUT" 2>&1 &', "sh", *command],
-        env={**os.environ, "STDIN": str(home / "stdin"), "OUT": str(out)},
-        check=True,
-        timeout=10,
-    )
-    deadline = time.monotonic() + START_TIMEOUT_S
-    while time.monotonic() < deadline:  # an outside process: its output file is all there is
-        for line in out.read_text().splitlines():
-            with contextlib.suppress(ValueError):
-                event = json.loads(line)
-                if event.get("event") == "ready":
-                    (home / "ready.partial").write_text(line)
-                    (home / "ready.partial").rename(home / "ready.json")
-                    return _api(event, home)
-                if event.get("ok") is False:
-                    raise RuntimeError(f"realapi did not start: {line}")
-        time.sleep(0.02)
-    raise RuntimeError(f"realapi not ready within {START_TIMEOUT_S:g} s: {out.read_text()[-2000:]}")
+    ready = launched(command, home=home, what="realapi", timeout_s=START_TIMEOUT_S, poll_s=0.02)
+    return _api(ready, home)
 
 
 def _api(ready: dict[str, Any], home: Path) -> RealApi:

@@ -17,20 +17,17 @@ and a unix socket path holds 107 bytes); the shared directory records where.
 from __future__ import annotations
 
 import contextlib
-import gzip
 import json
 import os
 import shutil
-import subprocess
 import tempfile
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from kustomize_render import SHARED_DIR_ENV
-from outside_process import AdminAccess, locked, stop
+from outside_process import AdminAccess, launched, locked, stop, unpacked
 
 ROOT = Path(__file__).resolve().parents[1]
 ARCHIVE = ROOT.parent / "shared" / "tools" / "realcluster.gz"
@@ -157,35 +154,10 @@ def _started(home: Path) -> RealCluster:
 
 
 def _start(home: Path, state: Path) -> RealCluster:
-    binary = home / "realcluster"
-    if not binary.exists():
-        partial = home / "realcluster.partial"
-        with gzip.open(ARCHIVE) as packed, partial.open("wb") as out:
-            shutil.copyfileobj(packed, out)
-        partial.chmod(0o755)
-        partial.rename(binary)
-    out = Path(tempfile.mkstemp(prefix="out-", suffix=".log", dir=home)[1])
+    binary = unpacked(ARCHIVE, home / "realcluster")
     command = [str(binary), "-dir", str(state)]
-    # Through a shell that exits at once: the cluster is nobody's child in the run.
-    subprocess.run(
-        ["sh", "-c", 'exec "$@" <"$STDIN" >"$OUT" 2>&1 &', "sh", *command],
-        env={**os.environ, "STDIN": str(home / "stdin"), "OUT": str(out)},
-        check=True,
-        timeout=10,
-    )
-    deadline = time.monotonic() + START_TIMEOUT_S
-    while time.monotonic() < deadline:  # an outside process: its output file is all there is
-        for line in out.read_text().splitlines():
-            with contextlib.suppress(ValueError):
-                event = json.loads(line)
-                if event.get("event") == "ready":
-                    (home / "ready.partial").write_text(line)
-                    (home / "ready.partial").rename(home / "ready.json")
-                    return _cluster(event, home)
-                if event.get("ok") is False:
-                    raise RuntimeError(f"realcluster did not start: {line}")
-        time.sleep(0.05)
-    raise RuntimeError(f"realcluster not ready in {START_TIMEOUT_S:g} s: {out.read_text()[-2000:]}")
+    ready = launched(command, home=home, what="realcluster", timeout_s=START_TIMEOUT_S, poll_s=0.05)
+    return _cluster(ready, home)
 
 
 def _cluster(ready: dict[str, Any], home: Path) -> RealCluster:
