@@ -106,9 +106,10 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker("subprocess")
         # A real cluster serves one test at a time: each cluster's tests go to one worker
         # together (`--dist loadgroup`), which starts on them while the others run the rest,
-        # instead of workers waiting on each other's turn.
+        # instead of workers waiting on each other's turn. The run has two clusters, its tests
+        # split between them by module (their time is mostly the kubelet's status period).
         if "real_cluster" in getattr(item, "fixturenames", ()):
-            item.add_marker(pytest.mark.xdist_group(realcluster.CLUSTERS[0]))
+            item.add_marker(pytest.mark.xdist_group(_cluster_of(item)))
         # The shared server is started by one test only: every user is declared, not just it.
         uses = {"real_api", "real_api_alone"} & set(getattr(item, "fixturenames", ()))
         if uses and item.get_closest_marker("realtools") is None:
@@ -188,12 +189,27 @@ def real_api_alone() -> Iterator[realapi.RealApi]:
         yield api
 
 
+# Modules on the run's second cluster: about half of the real-cluster tests' time.
+_SECOND_CLUSTER = frozenset(
+    {
+        "test_realcluster_run.py",
+        "test_realcluster_mig_mps.py",
+        "test_realcluster_memory_limits.py",
+    }
+)
+
+
+def _cluster_of(item: pytest.Item) -> str:
+    first, second = realcluster.CLUSTERS
+    return second if item.path.name in _SECOND_CLUSTER else first
+
+
 @pytest.fixture
-def real_cluster() -> Iterator[realcluster.RealCluster]:
+def real_cluster(request: pytest.FixtureRequest) -> Iterator[realcluster.RealCluster]:
     """The run's real one-node cluster (tests/realcluster.py), this test's alone while it runs:
     leave its node as you found it (tests/realcluster_support.py `on_node` does). Skipped where
     ../shared/tools is absent."""
     if not realcluster.AVAILABLE:
         pytest.skip(realcluster.SKIP_REASON)
-    with realcluster.held() as cluster:
+    with realcluster.held(_cluster_of(request.node)) as cluster:
         yield cluster
