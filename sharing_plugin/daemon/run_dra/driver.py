@@ -29,6 +29,7 @@ per claim (`daemon/run_dra/mig.py`); that needs resource.k8s.io/v1.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -58,6 +59,7 @@ from sharing_plugin.gpus.holders import Holder
 from sharing_plugin.gpus.inventory import Inventory
 from sharing_plugin.kit.cdi import CdiSpecDir
 from sharing_plugin.nvml.api import NvmlApi
+from sharing_plugin.observability.nodestatus import NodeStatusReporter
 from sharing_plugin.views.dra import config_resource_names
 from sharing_plugin.views.dra_api import DEFAULT_DRIVER, PublishedDevice
 
@@ -67,6 +69,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 _CLEAR_TIMEOUT_S = 2.0
+_FLUSH_TIMEOUT_S = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,6 +96,7 @@ class DraDriver(ObservedService[PoolState]):
         self.preparer: ClaimPreparer | None = None
         self.keeper: PoolWriter | None = None
         self.server: DraPluginServer | None = None
+        self.node_events: NodeStatusReporter | None = None
         super().__init__(
             options,
             name="dra",
@@ -141,6 +145,10 @@ class DraDriver(ObservedService[PoolState]):
             ),
         )
         self.health = DeviceHealthServicer(pool=node)
+        # Events on the Node only (no label, no annotation): a replicas edit that waits for
+        # claims (docs/contract.md, "run-dra"), with `run`'s aggregation and rate limits.
+        self.node_events = NodeStatusReporter(client, node)
+        self._tasks.spawn(self.node_events.run(), name="node-events", eternal=True)
         self.keeper = PoolWriter(
             SlicePublisher(client, driver=driver, node_name=node, api_version=version),
             features=self.server_features,
@@ -151,6 +159,7 @@ class DraDriver(ObservedService[PoolState]):
             health=self.health,
             hook_path_default=source.hook_path_default,
             held_shares=self._held_shares,
+            node_events=self.node_events,
         )
         # A device plugin serving here now stops run-dra before its first config touches MIG;
         # the names the Node lists allocatable are known only from that config.
@@ -169,6 +178,12 @@ class DraDriver(ObservedService[PoolState]):
 
     async def close(self) -> None:
         await self.pipeline.close()
+        if self.node_events is not None:
+            # An event reported just before the stop is still being written: let it finish,
+            # within a bound, before the tasks stop.
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(_FLUSH_TIMEOUT_S):
+                    await self.node_events.flush()
         await self._tasks.close()
         others: list[Path] = []
         if self.server is not None:
