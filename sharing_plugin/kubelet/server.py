@@ -9,12 +9,21 @@ Lifecycle, in the order kubelet forces (docs/contract.md):
                listen on a new socket, register again, then let the old server go;
     stop()     tell kubelet there are no devices, stop serving, delete our socket.
 
-Socket names are unique per start (`sharing-<slug>-<random>.sock`): kubelet identifies a plugin
-by its endpoint, and a name reused across restarts could be mistaken for a stale one. The slug
-keeps only `[a-z0-9.-]` of the resource name, so nothing an admin types reaches a path unchecked.
-A plugin that was killed leaves its sockets behind, and only a kubelet restart cleans the
-directory; `remove_stale_sockets` deletes, at start, those of our names that nobody listens on,
-and `live_sockets` finds those somebody does (what `run-dra` must not start beside).
+Two instances of one resource (a rolling update with maxSurge, or a relisten): kubelet (1.32
+devicemanager/plugin/v1beta1/handler.go `runClient`) keeps only the latest registration of a
+resource name, but a superseded stream stays open and its lists still apply; when that stream
+ends, kubelet drops the registration it then holds, whosever it is: it cancels that stream and
+marks the resource's devices Unhealthy. So stop() sends no empty list while another instance of
+ours serves the same resource (a live socket of the same resource's name): the list would reach
+kubelet's view of the resource, which the other instance serves. When that instance registered
+after us, stop() first steps aside (handover.py), so that our stream ending leaves its
+registration alone; and the servicer reports a stream kubelet ended while we serve (`on_lost`:
+the owner registers again), should kubelet drop ours anyway.
+
+Socket names are unique per start (sockets.py). A plugin that was killed leaves its sockets
+behind, and only a kubelet restart cleans the directory; `remove_stale_sockets` deletes, at
+start, those of our names that nobody listens on, and `live_sockets` finds those somebody does
+(what `run-dra` must not start beside).
 Start, register, restart and stop are serialised by one lock; a supervisor that must stop
 quickly cancels a pending register or restart before calling stop().
 """
@@ -23,8 +32,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import re
-import secrets
+import time
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
@@ -32,7 +41,7 @@ import grpc
 
 from sharing_plugin.errors import KubeletError
 from sharing_plugin.kit import unix_grpc
-from sharing_plugin.kubelet import registration
+from sharing_plugin.kubelet import handover, registration
 from sharing_plugin.kubelet.api.constants import (
     DEVICE_PLUGINS_DIR,
     KUBELET_MAX_RECEIVE_MESSAGE_BYTES,
@@ -43,6 +52,12 @@ from sharing_plugin.kubelet.grants import GrantLedger
 from sharing_plugin.kubelet.recording import KubeletRecorder
 from sharing_plugin.kubelet.servicer import OPTIONS, DevicePluginServicer, add_to_server
 from sharing_plugin.kubelet.snapshot import AllocateContext, Snapshot, snapshot
+from sharing_plugin.kubelet.sockets import (
+    live_sockets,
+    remove_stale_sockets,
+    same_resource_sockets,
+    socket_name,
+)
 from sharing_plugin.plan import ResourcePlan
 
 __all__ = [
@@ -50,6 +65,7 @@ __all__ = [
     "ResourceServer",
     "live_sockets",
     "remove_stale_sockets",
+    "same_resource_sockets",
     "socket_name",
 ]
 
@@ -73,69 +89,7 @@ SHUTDOWN_BOUND_S = 0.1
 # Kubelet picks devices from the list it holds and calls Allocate two RPCs later
 # (GetPreferredAllocation first); a device withdrawn while it was Healthy is honoured this long.
 WITHDRAWN_HONOURED_S = 5.0
-_UNSAFE = re.compile(r"[^a-z0-9.-]+")
-_OUR_SOCKET = re.compile(r"sharing-(?:[a-z0-9.-]*-)?[0-9a-f]{8}\.sock")
 _EMPTY_LIST = dp.ListAndWatchResponse().SerializeToString()
-
-
-def socket_name(resource_name: str, *, max_length: int = 64) -> str:
-    """A fresh socket file name for `resource_name`: `sharing-<slug>-<8 hex>.sock`."""
-    slug = _UNSAFE.sub("-", resource_name.lower()).strip("-.")
-    fixed = len("sharing--.sock") + 8
-    slug = slug[: max(0, max_length - fixed)].strip("-.")
-    parts = ["sharing", slug, secrets.token_hex(4)] if slug else ["sharing", secrets.token_hex(4)]
-    return "-".join(parts) + ".sock"
-
-
-def remove_stale_sockets(kubelet_dir: Path) -> list[Path]:
-    """Delete the sockets a killed plugin left in `<kubelet_dir>/device-plugins`; the removed.
-
-    Only files named like ours (`socket_name`) that are sockets and that nobody listens on: a
-    second instance starting while the first still serves keeps its socket, and kubelet.sock
-    and other plugins' sockets are never touched.
-    """
-    removed: list[Path] = []
-    try:
-        entries = list((Path(kubelet_dir) / DEVICE_PLUGINS_DIR).iterdir())
-    except OSError:
-        return removed  # no directory yet: nothing to clean
-    for path in entries:
-        if not _OUR_SOCKET.fullmatch(path.name):
-            continue
-        try:
-            if unix_grpc.probe(path) is not unix_grpc.SocketState.STALE:
-                continue
-            path.unlink()
-        except OSError as exc:
-            log.warning("cannot remove stale socket %s: %s", path, exc)
-            continue
-        removed.append(path)
-    if removed:
-        log.info(
-            "removed %d stale socket(s) of an earlier run: %s",
-            len(removed),
-            ", ".join(p.name for p in removed),
-        )
-    return removed
-
-
-def live_sockets(kubelet_dir: Path) -> list[Path]:
-    """Our sockets in `<kubelet_dir>/device-plugins` that somebody listens on (a running `run`),
-    in name order; a missing or unreadable directory has none."""
-    try:
-        entries = sorted((Path(kubelet_dir) / DEVICE_PLUGINS_DIR).iterdir())
-    except OSError:
-        return []
-    live: list[Path] = []
-    for path in entries:
-        if not _OUR_SOCKET.fullmatch(path.name):
-            continue
-        try:
-            if unix_grpc.probe(path) is unix_grpc.SocketState.LIVE:
-                live.append(path)
-        except OSError:
-            continue
-    return live
 
 
 class _Listener:
@@ -203,9 +157,12 @@ class ResourceServer:
         metrics: KubeletRecorder | None = None,
         grants: GrantLedger | None = None,
         lingering: set[asyncio.Task[None]] | None = None,
+        on_lost: Callable[[ResourceServer], None] | None = None,
     ) -> None:
         """`lingering` collects the grpc shutdowns of stopped listeners that a client which
-        does not read holds up (one set for every server of a process: see `_Listener.close`)."""
+        does not read holds up (one set for every server of a process: see `_Listener.close`).
+        `on_lost` is called (no longer registered) when kubelet ended the stream of our
+        registration while we serve; the owner registers again."""
         self._kubelet_dir = Path(kubelet_dir)
         self._plugin_dir = self._kubelet_dir / DEVICE_PLUGINS_DIR
         self._name = resource.name
@@ -215,6 +172,8 @@ class ResourceServer:
         self._listener: _Listener | None = None
         self._lingering = lingering if lingering is not None else set()
         self._registered = False
+        self._registered_at_ns = 0  # wall clock of our last registration
+        self._on_lost = on_lost
         self._lock = asyncio.Lock()
 
     # -- state ---------------------------------------------------------------------------------
@@ -281,10 +240,25 @@ class ResourceServer:
                 return
             self._snapshot = self._next(replace(self._snapshot.resource, devices=()), None)
             # Kubelet keeps the devices of an ended stream as Unhealthy for 5 minutes; an empty
-            # list first makes the resource's capacity drop to 0 at once.
-            await listener.close(_EMPTY_LIST)
+            # list first makes the resource's capacity drop to 0 at once. Not while another
+            # instance serves the resource: kubelet would apply it to what that one serves.
+            others = same_resource_sockets(listener.path)
+            if self._registered and handover.superseded(others, self._registered_at_ns):
+                await handover.step_aside(
+                    self._kubelet_dir, listener.servicer, listener.path.name, self._name
+                )
+            await listener.close(None if others else _EMPTY_LIST)
             self._set_registered(False)
-            log.info("stopped serving %s (socket %s removed)", self._name, listener.path)
+            if others:
+                log.info(
+                    "stopped serving %s (socket %s removed); another instance serves it on %s: "
+                    "no empty list sent",
+                    self._name,
+                    listener.path,
+                    ", ".join(p.name for p in others),
+                )
+            else:
+                log.info("stopped serving %s (socket %s removed)", self._name, listener.path)
 
     def update(self, resource: ResourcePlan, context: AllocateContext | None = None) -> bool:
         """Swap in a new snapshot; push one ListAndWatch message iff kubelet's view changed.
@@ -324,7 +298,11 @@ class ResourceServer:
             )
         path = self._plugin_dir / socket_name(self._name, max_length=min(budget, 64))
         servicer = DevicePluginServicer(
-            self._name, lambda: self._snapshot, self._metrics, self._grants
+            self._name,
+            lambda: self._snapshot,
+            self._metrics,
+            self._grants,
+            on_lost=lambda: self._lost(servicer),
         )
         server = await unix_grpc.serve(
             path,
@@ -372,6 +350,7 @@ class ResourceServer:
                 self._metrics.count_registration(self._name, ok=False)
             raise
         self._set_registered(True)
+        self._registered_at_ns = time.time_ns()
         if self._metrics is not None:
             self._metrics.count_registration(self._name, ok=True)
         resource = self._snapshot.resource
@@ -382,6 +361,20 @@ class ResourceServer:
             len(resource.devices),
             resource.healthy_count,
         )
+
+    def _lost(self, servicer: DevicePluginServicer) -> None:
+        """Kubelet ended the last stream of `servicer`: our registration, if it is current."""
+        listener = self._listener
+        if listener is None or listener.servicer is not servicer or not self._registered:
+            return
+        self._set_registered(False)
+        log.info(
+            "kubelet ended the ListAndWatch stream of %s on %s (it dropped the registration)",
+            self._name,
+            listener.path.name,
+        )
+        if self._on_lost is not None:
+            self._on_lost(self)
 
     def _set_registered(self, registered: bool) -> None:
         self._registered = registered

@@ -17,7 +17,10 @@ promised it to the pod, and refusing fails the pod's admission. Every grant is n
 
 ListAndWatch streams end only when kubelet cancels them or the server stops: kubelet treats a
 stream that finishes as a dead plugin, marks every device Unhealthy and never reconnects
-(devicemanager/plugin/v1beta1/client.go). Each stream keeps only the latest pending message, so a
+(devicemanager/plugin/v1beta1/client.go). Kubelet cancels a stream when it drops the
+registration (it stops, or the superseded stream of another instance of the same resource ended:
+see server.py); `on_lost` tells the owner when the last open stream ended so, so that it can
+register again. Each stream keeps only the latest pending message, so a
 burst of updates reaches a slow kubelet as one full list, not a backlog of stale ones.
 
 Other clients may hold streams on the same socket, and none of them may slow kubelet's: the list
@@ -96,8 +99,14 @@ class DevicePluginServicer:
         current: Callable[[], Snapshot],
         metrics: KubeletRecorder | None = None,
         grants: GrantLedger | None = None,
+        on_lost: Callable[[], None] | None = None,
     ) -> None:
+        """`on_lost` is called when a client ended the last open ListAndWatch stream while the
+        server was not closing (kubelet dropped the registration)."""
         self._name = name
+        self._on_lost = on_lost
+        # Set while stepping aside (server.py): kubelet's connect to a registration fails.
+        self.refuse_options = False
         self._current = current
         self._metrics = metrics
         self._grants = grants
@@ -174,6 +183,10 @@ class DevicePluginServicer:
         self, request: dp.Empty, context: Context
     ) -> dp.DevicePluginOptions:
         self._track()
+        if self.refuse_options:
+            context.set_code(grpc.StatusCode.UNAVAILABLE)
+            context.set_details(f"device plugin for {self._name} is leaving")
+            return dp.DevicePluginOptions()
         return OPTIONS
 
     async def ListAndWatch(self, request: dp.Empty, context: Context) -> AsyncIterator[bytes]:
@@ -200,6 +213,9 @@ class DevicePluginServicer:
         finally:
             if call is not None:
                 self._streams.pop(call, None)
+            # Only a stop of ours ends a stream by itself: this one was ended by its client.
+            if not (self._closing or stream.final or self._streams) and self._on_lost is not None:
+                self._on_lost()
 
     async def Allocate(self, request: dp.AllocateRequest, context: Context) -> dp.AllocateResponse:
         self._track()
