@@ -195,6 +195,7 @@ _SECOND_CLUSTER = frozenset(
         "test_realcluster_run.py",
         "test_realcluster_mig_mps.py",
         "test_realcluster_memory_limits.py",
+        "test_realcluster_run_rolling.py",
     }
 )
 
