@@ -104,12 +104,6 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.get_closest_marker("kubectl") or item.get_closest_marker("realtools")
         ):
             item.add_marker("subprocess")
-        # A real cluster serves one test at a time: each cluster's tests go to one worker
-        # together (`--dist loadgroup`), which starts on them while the others run the rest,
-        # instead of workers waiting on each other's turn. The run has two clusters, its tests
-        # split between them by module (their time is mostly the kubelet's status period).
-        if "real_cluster" in getattr(item, "fixturenames", ()):
-            item.add_marker(pytest.mark.xdist_group(_cluster_of(item)))
         # The shared server is started by one test only: every user is declared, not just it.
         uses = {"real_api", "real_api_alone"} & set(getattr(item, "fixturenames", ()))
         if uses and item.get_closest_marker("realtools") is None:
@@ -200,9 +194,33 @@ _SECOND_CLUSTER = frozenset(
 )
 
 
-def _cluster_of(item: pytest.Item) -> str:
+def _cluster_of_file(name: str) -> str | None:
+    if not name.startswith("test_realcluster_"):
+        return None
     first, second = realcluster.CLUSTERS
-    return second if item.path.name in _SECOND_CLUSTER else first
+    return second if name in _SECOND_CLUSTER else first
+
+
+def _cluster_of(item: pytest.Item) -> str:
+    cluster = _cluster_of_file(item.path.name)
+    assert cluster is not None, f"{item.nodeid} uses real_cluster: name it test_realcluster_*.py"
+    return cluster
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """A real cluster serves one test at a time: each cluster's tests go to one worker together,
+    which starts on them while the others run the rest, instead of workers waiting on each
+    other's turn. pytest-xdist's own `--dist loadgroup` cannot do it under pytest 9 (it marks a
+    group by rewriting `item._nodeid`, which pytest 9 no longer reads): the groups are made
+    here, on the controller, from the test file's name."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ByCluster(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return _cluster_of_file(nodeid.split("::")[0].rsplit("/", 1)[-1]) or nodeid
+
+    return ByCluster(config, log)
 
 
 @pytest.fixture
