@@ -61,7 +61,8 @@ from sharing_plugin.kit.cdi import CdiSpecDir
 from sharing_plugin.nvml.api import NvmlApi
 from sharing_plugin.observability.nodestatus import NodeStatusReporter
 from sharing_plugin.views.dra import config_resource_names
-from sharing_plugin.views.dra_api import DEFAULT_DRIVER, PublishedDevice
+from sharing_plugin.views.dra_api import DEFAULT_DRIVER
+from sharing_plugin.views.dra_shares import HeldShare, held_share
 
 if TYPE_CHECKING:
     from lightkube import AsyncClient
@@ -243,12 +244,13 @@ class DraDriver(ObservedService[PoolState]):
             self.keeper.changed()
         self.pipeline.retry_mig_layout()
 
-    def _held_shares(self) -> list[PublishedDevice]:
-        """One entry per share prepared claims hold: what was published for its device."""
+    def _held_shares(self) -> list[HeldShare]:
+        """One entry per share prepared claims hold: what was published for its device, what
+        the share consumed of it and what its request asked."""
         if self.preparer is None:
             return []
         return [
-            entry
+            held_share(entry, consumed_mib=device.consumed_mib, asked_mib=device.asked_mib)
             for claim in self.preparer.prepared.values()
             for device in claim.devices
             for entry in claim.published

@@ -36,7 +36,7 @@ from sharing_plugin.views.dra import dra_devices, pool_devices
 from sharing_plugin.views.dra_api import CounterSet, PublishedDevice
 from sharing_plugin.views.dra_health import device_health, draining_taint, health_taints
 from sharing_plugin.views.dra_mig import DynamicPool, dynamic_pool
-from sharing_plugin.views.dra_shares import OldShares, old_shares, shares_notice
+from sharing_plugin.views.dra_shares import HeldShare, OldShares, old_shares, shares_notice
 
 if TYPE_CHECKING:
     from sharing_plugin.observability.nodestatus import NodeStatusReporter
@@ -58,14 +58,15 @@ class PoolWriter:
         backoff_s: tuple[float, float] = (0.2, 10.0),
         health: DeviceHealthServicer | None = None,
         hook_path_default: str | None = None,
-        held_shares: Callable[[], Sequence[PublishedDevice]] = tuple,
+        held_shares: Callable[[], Sequence[HeldShare]] = tuple,
         node_events: NodeStatusReporter | None = None,
     ) -> None:
         """`features` is what the API server keeps, as discovered at start; from here on it is
         this keeper's (a write that did not keep a feature's fields gives the feature up).
         `hook_path_default` is where the CDI hook that caps memory is unless the config says.
         `held_shares` has one entry per share prepared claims hold (what was published for
-        its device when prepared). `node_events` files the Node events of the old shares."""
+        its device when prepared, what it consumed and asked). `node_events` files the Node
+        events of the old shares."""
         self._hook_default = hook_path_default
         self._node_events = node_events
         self._held_shares = held_shares
