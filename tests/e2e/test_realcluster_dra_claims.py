@@ -143,6 +143,9 @@ async def test_claims_share_serve_device_plugin_pods_partition_mig_and_are_relea
                 assert results[name]["device"].removeprefix("gpu-") in told, (name, told)
             assert "3 claim(s) hold the old share (20480 mib)" in told, told
             assert "the config's share is 16384 mib (5 per device)" in told, told
+            # Counted at what they consumed: GPU 0 holds 2 x 40 GiB (nothing fits), GPU 1
+            # 20 GiB (three shares of 16 GiB fit in the other 60).
+            assert "3 new share(s) fit now" in told, told
 
             # The pods go: their claims are deleted and unprepared (the CDI specs removed).
             for name in [*asks, "mem-c"]:
