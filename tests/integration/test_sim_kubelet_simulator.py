@@ -133,9 +133,13 @@ async def test_a_new_registration_replaces_the_old_endpoint(kubelet: KubeletSimu
 
 
 async def test_a_registration_dropped_before_its_stream_opens_leaves_the_devices_unhealthy(
-    kubelet: KubeletSimulator,
+    short_dir: Path,
 ) -> None:
-    async with FakeDevicePlugin(kubelet.plugin_dir, initial=devices(["a", "b"])) as plugin:
+    # A grace period no busy machine outlasts between the drop and the look at the devices.
+    async with (
+        KubeletSimulator(short_dir, grace_period=60, dial_timeout=0.5) as kubelet,
+        FakeDevicePlugin(kubelet.plugin_dir, initial=devices(["a", "b"])) as plugin,
+    ):
         await plugin.register()
         await kubelet.wait_for(lambda: kubelet.allocatable(GPU) == 2, timeout=2)
         kubelet.drop_before_stream(GPU)
