@@ -6,7 +6,8 @@ Lifecycle, in the order kubelet forces (docs/contract.md):
     register() Register with kubelet, which dials back at once, so we must already serve;
     update()   swap the plan snapshot; kubelet hears of it only when what it sees changed;
     restart()  kubelet restarted (it wiped device-plugins/) or our socket vanished:
-               listen on a new socket, register again, then let the old server go;
+               listen on a new socket, register again, step aside (below) while kubelet
+               still holds the old server's stream, then let the old server go;
     stop()     tell kubelet there are no devices, stop serving, delete our socket.
 
 Two instances of one resource (a rolling update with maxSurge, or a relisten): kubelet (1.32
@@ -17,8 +18,12 @@ marks the resource's devices Unhealthy. So stop() sends no empty list while anot
 ours serves the same resource (a live socket of the same resource's name): the list would reach
 kubelet's view of the resource, which the other instance serves. When that instance registered
 after us, stop() first steps aside (handover.py), so that our stream ending leaves its
-registration alone; and the servicer reports a stream kubelet ended while we serve (`on_lost`:
-the owner registers again), should kubelet drop ours anyway.
+registration alone; restart() does the same for the registration it just made. Kubelet waits
+10 s dialing an endpoint whose socket is gone, holding it as the resource's client all the
+while, so a listener whose socket vanished steps aside through a short-lived socket of its own.
+Should kubelet drop our registration anyway, we learn it from the servicer (kubelet ended the
+stream of our registration while we serve) or from stream_watch.py (kubelet opened none after
+Register): `on_lost`, and the owner registers again.
 
 Socket names are unique per start (sockets.py). A plugin that was killed leaves its sockets
 behind, and only a kubelet restart cleans the directory; `remove_stale_sockets` deletes, at
@@ -37,8 +42,6 @@ from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
-import grpc
-
 from sharing_plugin.errors import KubeletError
 from sharing_plugin.kit import unix_grpc
 from sharing_plugin.kubelet import handover, registration
@@ -49,6 +52,7 @@ from sharing_plugin.kubelet.api.constants import (
 from sharing_plugin.kubelet.api.deviceplugin.v1beta1 import api_pb2 as dp
 from sharing_plugin.kubelet.api.deviceplugin.v1beta1 import api_pb2_grpc as dp_grpc
 from sharing_plugin.kubelet.grants import GrantLedger
+from sharing_plugin.kubelet.listener import SHUTDOWN_BOUND_S, Listener
 from sharing_plugin.kubelet.recording import KubeletRecorder
 from sharing_plugin.kubelet.servicer import OPTIONS, DevicePluginServicer, add_to_server
 from sharing_plugin.kubelet.snapshot import AllocateContext, Snapshot, snapshot
@@ -58,9 +62,11 @@ from sharing_plugin.kubelet.sockets import (
     same_resource_sockets,
     socket_name,
 )
+from sharing_plugin.kubelet.stream_watch import StreamWatch
 from sharing_plugin.plan import ResourcePlan
 
 __all__ = [
+    "SHUTDOWN_BOUND_S",
     "AllocateContext",
     "ResourceServer",
     "live_sockets",
@@ -82,67 +88,10 @@ SERVER_OPTIONS = (
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
 )
-# Bounded so that SIGTERM -> exit stays within 2 s with every resource stopping at once: the
-# calls that can finish get STOP_GRACE_S, grpc's shutdown after them SHUTDOWN_BOUND_S (twice
-# that when it was graceful and had to cancel at the end).
-SHUTDOWN_BOUND_S = 0.1
 # Kubelet picks devices from the list it holds and calls Allocate two RPCs later
 # (GetPreferredAllocation first); a device withdrawn while it was Healthy is honoured this long.
 WITHDRAWN_HONOURED_S = 5.0
 _EMPTY_LIST = dp.ListAndWatchResponse().SerializeToString()
-
-
-class _Listener:
-    """One started grpc.aio server, its servicer and its socket file."""
-
-    def __init__(
-        self,
-        server: grpc.aio.Server,
-        servicer: DevicePluginServicer,
-        path: Path,
-        lingering: set[asyncio.Task[None]],
-    ) -> None:
-        self.server = server
-        self.servicer = servicer
-        self.path = path
-        self._lingering = lingering
-
-    async def close(self, final: bytes | None) -> None:
-        """Send `final` (when given) on every stream, end them, stop serving, delete the socket.
-
-        Returns within STOP_GRACE_S + 2 x SHUTDOWN_BOUND_S whatever the clients do. grpc cannot
-        finish shutting down while a connection has a write its peer never reads (a frozen
-        process with its window open); that shutdown goes on in `lingering` until the peer
-        reads or goes, and nothing of ours waits for it.
-        """
-        # Ending our streams first lets the server stop as soon as the calls that can finish
-        # have, instead of waiting out a grace period on streams that never end by themselves.
-        self.servicer.broadcast(final, final=True)
-        await self.servicer.wait_calls_ended(unix_grpc.STOP_GRACE_S)
-        if self.servicer.unfinished():
-            # Streams whose readers do not read: cancelled now.
-            shutdown, bound = asyncio.ensure_future(self.server.stop(None)), SHUTDOWN_BOUND_S
-        else:
-            # A graceful shutdown (GOAWAY without an error) once nothing is left to finish.
-            stopping = self.server.stop(SHUTDOWN_BOUND_S)
-            shutdown, bound = asyncio.ensure_future(stopping), 2 * SHUTDOWN_BOUND_S
-        self._lingering.add(shutdown)
-        shutdown.add_done_callback(self._lingering.discard)
-        done, _ = await asyncio.wait({shutdown}, timeout=bound)
-        # Our name is unique, so this never removes a file kubelet created after a restart.
-        self.path.unlink(missing_ok=True)
-        if not done:
-            log.warning(
-                "a client of %s does not read what was sent to it: its connection keeps the "
-                "stopped server's resources until it reads or disconnects",
-                self.path.name,
-            )
-            return
-        # grpc's tasks for the calls it cancelled resume a moment after its shutdown.
-        calls = self.servicer.unfinished()
-        if calls:
-            await asyncio.wait(calls, timeout=SHUTDOWN_BOUND_S)
-        await asyncio.sleep(0)
 
 
 class ResourceServer:
@@ -160,20 +109,21 @@ class ResourceServer:
         on_lost: Callable[[ResourceServer], None] | None = None,
     ) -> None:
         """`lingering` collects the grpc shutdowns of stopped listeners that a client which
-        does not read holds up (one set for every server of a process: see `_Listener.close`).
+        does not read holds up (one set for every server of a process: see `Listener.close`).
         `on_lost` is called (no longer registered) when kubelet ended the stream of our
-        registration while we serve; the owner registers again."""
+        registration while we serve, or opened none after it; the owner registers again."""
         self._kubelet_dir = Path(kubelet_dir)
         self._plugin_dir = self._kubelet_dir / DEVICE_PLUGINS_DIR
         self._name = resource.name
         self._metrics = metrics
         self._grants = grants
         self._snapshot: Snapshot = snapshot(resource, context)
-        self._listener: _Listener | None = None
+        self._listener: Listener | None = None
         self._lingering = lingering if lingering is not None else set()
         self._registered = False
         self._registered_at_ns = 0  # wall clock of our last registration
         self._on_lost = on_lost
+        self._watch = StreamWatch(self._name, self._no_stream)
         self._lock = asyncio.Lock()
 
     # -- state ---------------------------------------------------------------------------------
@@ -215,15 +165,20 @@ class ResourceServer:
         """Listen on a new socket and register again, then stop the old server.
 
         The old server goes last so that a kubelet that is still alive (only our socket was
-        deleted) keeps a working stream until the new registration replaces it. Raises
-        KubeletError when registration fails; the new socket keeps listening for a retry.
+        deleted) keeps a working stream until the new registration replaces it; when kubelet
+        still holds the old stream, we step aside first, or its end would make kubelet drop
+        the new registration. Raises KubeletError when registration fails; the new socket
+        keeps listening for a retry.
         """
         async with self._lock:
             old, self._listener = self._listener, None
+            self._watch.cancel()
             self._set_registered(False)
             try:
                 self._listener = await self._listen()
                 await self._register()
+                if old is not None and old.servicer.streaming:
+                    await self._step_aside(old)
             finally:
                 if old is not None:
                     await old.close(None)
@@ -236,6 +191,7 @@ class ResourceServer:
         """
         async with self._lock:
             listener, self._listener = self._listener, None
+            self._watch.cancel()
             if listener is None:
                 return
             self._snapshot = self._next(replace(self._snapshot.resource, devices=()), None)
@@ -244,9 +200,7 @@ class ResourceServer:
             # instance serves the resource: kubelet would apply it to what that one serves.
             others = same_resource_sockets(listener.path)
             if self._registered and handover.superseded(others, self._registered_at_ns):
-                await handover.step_aside(
-                    self._kubelet_dir, listener.servicer, listener.path.name, self._name
-                )
+                await self._step_aside(listener)
             await listener.close(None if others else _EMPTY_LIST)
             self._set_registered(False)
             if others:
@@ -287,7 +241,7 @@ class ResourceServer:
             honour_s=WITHDRAWN_HONOURED_S,
         )
 
-    async def _listen(self) -> _Listener:
+    async def _listen(self) -> Listener:
         self._plugin_dir.mkdir(parents=True, exist_ok=True)
         limit = unix_grpc.MAX_SOCKET_PATH_BYTES
         budget = limit - unix_grpc.socket_path_bytes(self._plugin_dir) - 1
@@ -311,7 +265,7 @@ class ResourceServer:
             who=self._name,
             advice="check that the directory exists and is writable by the plugin",
         )
-        listener = _Listener(server, servicer, path, self._lingering)
+        listener = Listener(server, servicer, path, self._lingering)
         try:
             await self._check_answers(path)
         except BaseException:
@@ -337,6 +291,8 @@ class ResourceServer:
             if listener is not None:
                 await listener.close(None)
             listener = self._listener = await self._listen()
+        self._watch.cancel()
+        opened_before = listener.servicer.opened
         try:
             await registration.register(
                 self._kubelet_dir,
@@ -351,6 +307,7 @@ class ResourceServer:
             raise
         self._set_registered(True)
         self._registered_at_ns = time.time_ns()
+        self._watch.expect(listener.servicer, opened_before=opened_before)
         if self._metrics is not None:
             self._metrics.count_registration(self._name, ok=True)
         resource = self._snapshot.resource
@@ -362,16 +319,39 @@ class ResourceServer:
             resource.healthy_count,
         )
 
-    def _lost(self, servicer: DevicePluginServicer) -> None:
-        """Kubelet ended the last stream of `servicer`: our registration, if it is current."""
+    async def _step_aside(self, listener: Listener) -> None:
+        """Make kubelet forget the resource's client before `listener`'s streams end
+        (handover.py), through `listener`'s socket or, when that is gone, a short-lived one."""
+        if listener.path.exists():
+            await handover.step_aside(
+                self._kubelet_dir, listener.servicer, listener.path.name, self._name
+            )
+            return
+        via = await self._listen()
+        try:
+            await handover.step_aside(self._kubelet_dir, via.servicer, via.path.name, self._name)
+        finally:
+            await via.close(None)
+
+    def _no_stream(self, servicer: DevicePluginServicer) -> None:
+        bound = self._watch.bound_s
+        self._lost(servicer, f"opened no ListAndWatch stream within {bound:g} s of Register")
+
+    def _lost(
+        self, servicer: DevicePluginServicer, why: str = "ended its ListAndWatch stream"
+    ) -> None:
+        """Kubelet ended the last stream of `servicer`, or opened none after we registered it:
+        it dropped our registration, if that is current."""
         listener = self._listener
         if listener is None or listener.servicer is not servicer or not self._registered:
             return
         self._set_registered(False)
+        self._watch.cancel()
         log.info(
-            "kubelet ended the ListAndWatch stream of %s on %s (it dropped the registration)",
+            "kubelet dropped the registration of %s on %s: it %s",
             self._name,
             listener.path.name,
+            why,
         )
         if self._on_lost is not None:
             self._on_lost(self)

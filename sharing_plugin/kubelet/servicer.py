@@ -20,8 +20,10 @@ stream that finishes as a dead plugin, marks every device Unhealthy and never re
 (devicemanager/plugin/v1beta1/client.go). Kubelet cancels a stream when it drops the
 registration (it stops, or the superseded stream of another instance of the same resource ended:
 see server.py); `on_lost` tells the owner when the last open stream ended so, so that it can
-register again. Each stream keeps only the latest pending message, so a
-burst of updates reaches a slow kubelet as one full list, not a backlog of stale ones.
+register again. Kubelet may also drop a registration before its stream reaches us: `opened`
+counts the streams and `wait_opened` waits for the next, for the owner to notice one that never
+came. Each stream keeps only the latest pending message, so a burst of updates reaches a slow
+kubelet as one full list, not a backlog of stale ones.
 
 Other clients may hold streams on the same socket, and none of them may slow kubelet's: the list
 is serialised once per snapshot and every stream sends those bytes (a 7,168-device list is
@@ -116,6 +118,9 @@ class DevicePluginServicer:
         self._closing = False
         self._noted = False  # whether an Allocate note was logged
         self._closing_at = 0.0  # loop time of the final broadcast
+        # ListAndWatch calls opened so far, and an event set (then replaced) at each.
+        self.opened = 0
+        self._opened = asyncio.Event()
 
     def broadcast(self, payload: bytes | None, *, final: bool = False) -> None:
         """Queue `payload` on every open stream (replacing one not yet sent); `final` ends them
@@ -152,6 +157,16 @@ class DevicePluginServicer:
             await asyncio.wait(
                 waiting, timeout=max(0.0, until - now), return_when="FIRST_COMPLETED"
             )
+
+    @property
+    def streaming(self) -> bool:
+        """Whether a ListAndWatch stream is open."""
+        return bool(self._streams)
+
+    async def wait_opened(self, after: int) -> None:
+        """Return once more than `after` ListAndWatch calls were opened (see `opened`)."""
+        while self.opened <= after:
+            await self._opened.wait()
 
     def unfinished(self) -> set[asyncio.Task[Any]]:
         """The tasks of the calls still running."""
@@ -197,6 +212,9 @@ class DevicePluginServicer:
         # an update can neither slip between them nor be sent twice.
         if call is not None:
             self._streams[call] = stream
+        self.opened += 1
+        self._opened.set()
+        self._opened = asyncio.Event()
         payload: bytes | None = self._current().payload
         try:
             while payload is not None:

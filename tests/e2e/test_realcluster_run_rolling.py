@@ -41,7 +41,7 @@ async def test_pods_created_during_a_rolling_update_run(
                 for name in ("during", "after"):
                     await node.running(namespace, name)
                 assert "no empty list sent" in old.stderr()
-                assert "kubelet ended the ListAndWatch" not in new.stderr()
+                assert "kubelet dropped the registration" not in new.stderr()
                 # The kubelet's next status update still counts every replica.
                 await asyncio.sleep(11)
                 await node.allocatable(lambda a: a.get(GPU) == "8")

@@ -215,9 +215,10 @@ class Supervisor:
         return True
 
     def _registration_lost(self, server: ResourceServer) -> None:
-        """Kubelet ended the stream of `server`'s registration while it serves: a rolling
-        update's old instance left (docs/contract.md), or kubelet is stopping. Registered again
-        on the same socket at once; a kubelet that is gone is retried with backoff."""
+        """Kubelet ended the stream of `server`'s registration while it serves, or opened none
+        after it: a rolling update's old instance left (docs/contract.md), or kubelet is
+        stopping. Registered again on the same socket at once; a kubelet that is gone is
+        retried with backoff."""
         self._status.set_registered(server.name, False)
         now = asyncio.get_running_loop().time()
         last = self._lost_at.get(server.name)
