@@ -8,7 +8,13 @@ from pathlib import Path
 
 import pytest
 from daemon_harness import eventually, node_file, run_options, running
-from support.observe import health_monitor, next_applied, resource_names, servers
+from support.observe import (
+    drop_before_stream,
+    health_monitor,
+    next_applied,
+    resource_names,
+    servers,
+)
 
 from sharing_plugin.backends import backend_from_spec
 from sharing_plugin.daemon.run.app import NodeDevicePlugin
@@ -86,7 +92,7 @@ async def test_a_registration_kubelet_drops_before_its_stream_opens_is_registere
         (gpu,) = servers(run.daemon.supervisor).values()
         old = gpu.socket_path
         assert old is not None and len(run.kubelet.registrations) == 1
-        run.kubelet.drop_before_stream(gpu.name)
+        drop_before_stream(run.kubelet, gpu.name)
         old.unlink()
         await run.kubelet.wait_for(lambda: run.kubelet.allocatable(gpu.name) == 0)
         await run.kubelet.wait_for(lambda: len(run.kubelet.registrations) == 3, timeout=5)

@@ -8,7 +8,7 @@ from pathlib import Path
 import grpc
 import pytest
 from fake_device_plugin import FakeDevicePlugin, devices
-from support.observe import numa_nodes
+from support.observe import drop_before_stream, numa_nodes
 
 from sharing_plugin.sim.kubelet.endpoint import is_extended_resource_name
 from sharing_plugin.sim.kubelet.simulator import KubeletSimulator
@@ -142,7 +142,7 @@ async def test_a_registration_dropped_before_its_stream_opens_leaves_the_devices
     ):
         await plugin.register()
         await kubelet.wait_for(lambda: kubelet.allocatable(GPU) == 2, timeout=2)
-        kubelet.drop_before_stream(GPU)
+        drop_before_stream(kubelet, GPU)
         await plugin.register()  # answered OK: the dial-back and the options went through
         await kubelet.wait_for(lambda: kubelet.allocatable(GPU) == 0, timeout=2)
         assert kubelet.devices(GPU) == {"a": "Unhealthy", "b": "Unhealthy"}

@@ -16,8 +16,9 @@ Allocate per container and resource. `restart()` wipes `device-plugins/` like a 
 (everything but the checkpoint) and serves a fresh `kubelet.sock`; plugins must register again.
 Two holds let a test play a slow kubelet: `pod_resources_hold` holds PodResources answers back
 (taken before the hold), `allocate_hold` holds admission between the pick and Allocate.
-`drop_before_stream` plays the 1.32 kubelet dropping a registration it has just accepted, before
-the plugin sees its stream (a superseded stream of the same resource ended in that moment).
+It can drop a registration it has just accepted, before the plugin sees its stream, as the 1.32
+kubelet does when a superseded stream of the same resource ends in that moment (`_drops`, set by
+tests through tests/support/observe.py `drop_before_stream`).
 """
 
 from __future__ import annotations
@@ -176,12 +177,6 @@ class KubeletSimulator(Service):
             state.stopped = False
         self.events.append("kubelet restarted")
         await self.start()
-
-    def drop_before_stream(self, resource: str, times: int = 1) -> None:
-        """Accept the next `times` registrations of `resource` (dial-back and options
-        included), then drop each before its ListAndWatch stream opens: the resource's devices
-        count Unhealthy, and nothing ends on the plugin's side (it never had the stream)."""
-        self._drops[resource] = self._drops.get(resource, 0) + times
 
     def _clean_plugin_dir(self) -> None:
         # Kubelet's CleanupPluginDirectory: every non-directory entry but the checkpoint goes.
