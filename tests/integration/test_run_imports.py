@@ -51,7 +51,8 @@ sys.exit(main(sys.argv[3:]))
 
 # Module prefixes a plain `run` must not load: the Kubernetes client and the sources that use
 # it, the other commands' rooms, the DRA adapter, the MPS adapter (no MPS resource),
-# per-pod usage's reading side (loaded at the first scrape or held shared replica), and the GFD
+# per-pod usage's values and reading side (loaded at the first scrape or held shared replica), the
+# suggestions for a mistyped config key (difflib), and the GFD
 # labels (computed only where they are published: `--labels-file`, `--node-labels`).
 NOT_LOADED = (
     "lightkube",
@@ -65,6 +66,7 @@ NOT_LOADED = (
     "sharing_plugin.daemon.mps_control",
     "sharing_plugin.dra",
     "sharing_plugin.mps",
+    "sharing_plugin.usage.model",
     "sharing_plugin.usage.report",
     "sharing_plugin.usage.overshare",
     "sharing_plugin.usage.cgroup",
@@ -73,6 +75,7 @@ NOT_LOADED = (
     "sharing_plugin.observability.usage",
     "sharing_plugin.views",
     "sharing_plugin.observability.labels_file",
+    "difflib",
 )
 
 
