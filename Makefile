@@ -33,7 +33,7 @@ unit: $(STAMP)
 	# PYTHONDONTWRITEBYTECODE is set (CI, the image): each worker collects every test module, and
 	# ~100 child processes import the package; compiling all of it again each time cost about a
 	# fifth of the suite's CPU time.
-	PYTHONDONTWRITEBYTECODE= $(BIN)/pytest -n 3 --dist loadgroup
+	PYTHONDONTWRITEBYTECODE= $(BIN)/pytest -n 3
 
 # The fast lane while editing (<= 15 s on 2 cores): tests/unit less the tests that start a
 # process or search exhaustively (CONTRIBUTING.md, "Markers"); 14-18 s of CPU in all, so two

@@ -104,11 +104,6 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.get_closest_marker("kubectl") or item.get_closest_marker("realtools")
         ):
             item.add_marker("subprocess")
-        # A real cluster serves one test at a time: each cluster's tests go to one worker
-        # together (`--dist loadgroup`), which starts on them while the others run the rest,
-        # instead of workers waiting on each other's turn.
-        if "real_cluster" in getattr(item, "fixturenames", ()):
-            item.add_marker(pytest.mark.xdist_group(realcluster.CLUSTERS[0]))
         # The shared server is started by one test only: every user is declared, not just it.
         uses = {"real_api", "real_api_alone"} & set(getattr(item, "fixturenames", ()))
         if uses and item.get_closest_marker("realtools") is None:
@@ -188,12 +183,52 @@ def real_api_alone() -> Iterator[realapi.RealApi]:
         yield api
 
 
+# Modules on the run's second cluster: about half of the real-cluster tests' time.
+_SECOND_CLUSTER = frozenset(
+    {
+        "test_realcluster_run.py",
+        "test_realcluster_mig_mps.py",
+        "test_realcluster_memory_limits.py",
+        "test_realcluster_run_rolling.py",
+    }
+)
+
+
+def _cluster_of_file(name: str) -> str | None:
+    if not name.startswith("test_realcluster_"):
+        return None
+    first, second = realcluster.CLUSTERS
+    return second if name in _SECOND_CLUSTER else first
+
+
+def _cluster_of(item: pytest.Item) -> str:
+    cluster = _cluster_of_file(item.path.name)
+    assert cluster is not None, f"{item.nodeid} uses real_cluster: name it test_realcluster_*.py"
+    return cluster
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """A real cluster serves one test at a time: each cluster's tests go to one worker together,
+    which starts on them while the others run the rest, instead of workers waiting on each
+    other's turn. pytest-xdist's own `--dist loadgroup` cannot do it under pytest 9 (it marks a
+    group by rewriting `item._nodeid`, which pytest 9 no longer reads): the groups are made
+    here, on the controller, from the test file's name."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ByCluster(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return _cluster_of_file(nodeid.split("::")[0].rsplit("/", 1)[-1]) or nodeid
+
+    return ByCluster(config, log)
+
+
 @pytest.fixture
-def real_cluster() -> Iterator[realcluster.RealCluster]:
+def real_cluster(request: pytest.FixtureRequest) -> Iterator[realcluster.RealCluster]:
     """The run's real one-node cluster (tests/realcluster.py), this test's alone while it runs:
     leave its node as you found it (tests/realcluster_support.py `on_node` does). Skipped where
     ../shared/tools is absent."""
     if not realcluster.AVAILABLE:
         pytest.skip(realcluster.SKIP_REASON)
-    with realcluster.held() as cluster:
+    with realcluster.held(_cluster_of(request.node)) as cluster:
         yield cluster

@@ -304,7 +304,8 @@ async def on_node(
 
 
 async def _clean(node: OnNode) -> None:
-    """The test's namespaces deleted and their pods gone; the config label removed."""
+    """The test's namespaces deleted and their pods gone; the config label removed; the node's
+    ResourceSlices deleted; none of our names allocatable."""
     for namespace in node.namespaces:
         with contextlib.suppress(Exception):
             await node.client.delete(Namespace, namespace)
@@ -323,6 +324,11 @@ async def _clean(node: OnNode) -> None:
             if ours_gone(pods):
                 break
             await asyncio.sleep(0.2)
+    # A stopped run-dra's slices stay until the kubelet wipes them, 30 s after it deregistered:
+    # gone now, so that the next test does not see this one's pool as its own.
+    node.cluster.kubectl(
+        "delete", "resourceslices", "--field-selector", f"spec.nodeName={node.name}"
+    )
     # The plugin stopped: the Node lists none of its devices allocatable any more (at the
     # kubelet's next status update), so the next test does not read this one's counts.
     await node.node_when(

@@ -187,7 +187,7 @@ async def _exit_past_held_up_work(
     itself, within EXIT_BOUND_S; what has not by then is left behind by ending the process here.
 
     That is a grpc server's shutdown that a client which does not read holds up (a frozen
-    process with a stream open: see kubelet.server's `_Listener.close`). asyncio.run would
+    process with a stream open: see kubelet.listener's `Listener.close`). asyncio.run would
     cancel it on the way out, and grpc's cancellation waits for that client in a thread join
     that nothing ends: the pod would stay Terminating until kubelet killed it.
     """

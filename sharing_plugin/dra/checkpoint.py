@@ -4,7 +4,11 @@ The kubelet calls NodePrepareResources again for a claim whenever it is unsure (
 either side, a retried pod start) and NodeUnprepareResources for claims prepared by an earlier
 run of the plugin; both must answer as they did. The checkpoint holds, per claim UID, the answer
 given (devices, CDI IDs), the spec file written, and what was published for each device, so a
-device a new config dropped stays published until its claim is unprepared, restarts included.
+device a new config dropped stays published until its claim is unprepared, restarts included;
+of a share of a device published by capacity, also the memory its allocation consumed and what
+its request asked. Fields added since the first version are optional both ways: a file of an
+earlier version loads (those values unknown), and an earlier version reads ours (it skips them,
+and drops them when it writes the file).
 
 Written as JSON with a checksum, by temporary file and rename, so a crash leaves the old or the
 new file, never half of one. A file that does not check out is kept aside (`.corrupt`) and the
@@ -58,6 +62,10 @@ class PreparedDevice:
     device: str
     cdi_ids: tuple[str, ...]
     share_id: str | None = None  # the share of a device claims consume (consumable capacity)
+    # With consumable capacity, the memory the allocation consumed of the device and what the
+    # request asked (None: it asked nothing). A checkpoint of an earlier version has neither.
+    consumed_mib: int | None = None
+    asked_mib: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,6 +89,8 @@ class PreparedClaim:
                     "device": d.device,
                     "cdiIds": list(d.cdi_ids),
                     **({"shareId": d.share_id} if d.share_id else {}),
+                    **({"consumedMiB": d.consumed_mib} if d.consumed_mib is not None else {}),
+                    **({"askedMiB": d.asked_mib} if d.asked_mib is not None else {}),
                 }
                 for d in self.devices
             ],
@@ -99,12 +109,23 @@ class PreparedClaim:
                     device=str(d["device"]),
                     cdi_ids=tuple(str(c) for c in d["cdiIds"]),
                     share_id=str(d["shareId"]) if d.get("shareId") else None,
+                    consumed_mib=_mib(d.get("consumedMiB")),
+                    asked_mib=_mib(d.get("askedMiB")),
                 )
                 for d in data["devices"]
             ),
             spec_file=str(data["specFile"]),
             published=tuple(PublishedDevice.from_json(p) for p in data["published"]),
         )
+
+
+def _mib(value: object) -> int | None:
+    """A MiB count of the file; None where absent (written by an earlier version)."""
+    if value is None:
+        return None
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise ValueError(f"not a MiB count: {value!r}")
+    return value
 
 
 def held_by_resource(claims: Mapping[str, PreparedClaim]) -> dict[str, int]:

@@ -4,7 +4,9 @@ The kubelet names a claim by namespace, name and UID only; the plugin reads the 
 API and keeps, of its allocation, the results of its own driver. Both API versions carry the
 allocation in the same shape (`status.allocation.devices.results[]` with `request`, `driver`,
 `pool`, `device`; with consumable capacity, v1 adds `shareID` and `consumedCapacity`), so one
-parser serves v1 and v1beta1.
+parser serves v1 and v1beta1. What a result's request asked of a device's capacities
+(`capacity.requests` of the request, or of its `firstAvailable` subrequest where the result
+names `<request>/<subrequest>`) is kept beside what it consumed.
 """
 
 from __future__ import annotations
@@ -36,7 +38,8 @@ class AllocatedDevice:
     """One result of a claim's allocation: a device of a driver's pool, for one request.
 
     `share_id` and `consumed` (capacity name -> quantity) are set for a share of a device
-    that allows several allocations (consumable capacity).
+    that allows several allocations (consumable capacity); `asked` is what the request asked
+    of the device's capacities (empty: nothing, each capacity's default).
     """
 
     request: str
@@ -45,6 +48,7 @@ class AllocatedDevice:
     device: str
     share_id: str | None = None
     consumed: Mapping[str, str] = field(default_factory=dict)
+    asked: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,6 +71,7 @@ def claim_from_document(document: Mapping[str, Any]) -> Claim:
     if not allocation:
         return Claim(ref, None)
     results = (allocation.get("devices") or {}).get("results") or ()
+    asked = _asked(document)
     return Claim(
         ref,
         tuple(
@@ -77,10 +82,27 @@ def claim_from_document(document: Mapping[str, Any]) -> Claim:
                 device=str(r.get("device", "")),
                 share_id=str(r["shareID"]) if r.get("shareID") else None,
                 consumed={str(k): str(v) for k, v in (r.get("consumedCapacity") or {}).items()},
+                asked=asked.get(str(r.get("request", "")), {}),
             )
             for r in results
         ),
     )
+
+
+def _asked(document: Mapping[str, Any]) -> dict[str, dict[str, str]]:
+    """What each request (`<request>/<subrequest>` for a subrequest) asks of capacities."""
+    found: dict[str, dict[str, str]] = {}
+
+    def capacity(request: Mapping[str, Any]) -> dict[str, str]:
+        requests = (request.get("capacity") or {}).get("requests") or {}
+        return {str(k): str(v) for k, v in requests.items()}
+
+    for request in ((document.get("spec") or {}).get("devices") or {}).get("requests") or ():
+        name = str(request.get("name", ""))
+        found[name] = capacity(request.get("exactly") or request)  # v1beta1 does not nest
+        for sub in request.get("firstAvailable") or ():
+            found[f"{name}/{sub.get('name', '')}"] = capacity(sub)
+    return found
 
 
 class ClaimReader(Protocol):

@@ -32,8 +32,9 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from sharing_plugin.config.model import Flags
+from sharing_plugin.config.quantity import quantity_bytes
 from sharing_plugin.dra.checkpoint import Checkpoint, PreparedClaim, PreparedDevice
-from sharing_plugin.dra.claims import ClaimReader, ClaimRef
+from sharing_plugin.dra.claims import AllocatedDevice, ClaimReader, ClaimRef
 from sharing_plugin.dra.partitions import ClaimInstances, Partitioner
 from sharing_plugin.errors import AllocationError, KubeApiError, NvmlError
 from sharing_plugin.kit.cdi import CdiSpecDir
@@ -193,13 +194,14 @@ class ClaimPreparer:
         state = self._state()
         if state is None:
             raise AllocationError("no config applied yet: this node has no devices to prepare")
-        # One answer per device and share (a claim may hold two shares of one device); one CDI
-        # device per device, given what the claim consumes of it in all.
-        shares: dict[tuple[str, str | None], list[str]] = {}
+        # One answer per device and share (a claim may hold two shares of one device), with
+        # the memory the share consumed and its request asked; one CDI device per device,
+        # given what the claim consumes of it in all.
+        shares: dict[tuple[str, str | None], _Share] = {}
         consumed: dict[str, int] = {}
         for result in ours:
-            shares.setdefault((result.device, result.share_id), []).append(result.request)
-            memory = quantity_mib(result.consumed.get("memory", ""))
+            share = shares.setdefault((result.device, result.share_id), _Share())
+            memory = share.add(result)
             if memory is not None:
                 consumed[result.device] = consumed.get(result.device, 0) + memory
         names = list(dict.fromkeys(n for n, _ in shares))
@@ -218,7 +220,7 @@ class ClaimPreparer:
         self,
         ref: ClaimRef,
         state: PoolState,
-        shares: Mapping[tuple[str, str | None], list[str]],
+        shares: Mapping[tuple[str, str | None], _Share],
         consumed: Mapping[str, int],
         made: Mapping[str, DraDevice],
     ) -> tuple[PreparedDevice, ...]:
@@ -241,13 +243,15 @@ class ClaimPreparer:
             ref=ref,
             devices=tuple(
                 PreparedDevice(
-                    requests=tuple(requests),
+                    requests=tuple(share.requests),
                     pool=self.pool,
                     device=name,
                     cdi_ids=(cdi_id(self.driver, ref.uid, name),),
                     share_id=share_id,
+                    consumed_mib=share.consumed_mib,
+                    asked_mib=share.asked_mib,
                 )
-                for (name, share_id), requests in shares.items()
+                for (name, share_id), share in shares.items()
             ),
             spec_file=file_name,
             published=tuple(_published(state, d) for d in devices),
@@ -281,6 +285,27 @@ class ClaimPreparer:
                 device.device.physical,
             )
         return device
+
+
+@dataclass(slots=True)
+class _Share:
+    """The results of a claim for one share of a device (one result but where a device is
+    not shared): its requests, the memory they consumed, what they asked (None: nothing)."""
+
+    requests: list[str] = field(default_factory=list)
+    consumed_mib: int | None = None
+    asked_mib: int | None = None
+
+    def add(self, result: AllocatedDevice) -> int | None:
+        """Count `result` in; the memory it consumed (None: no consumed memory given)."""
+        self.requests.append(result.request)
+        memory = quantity_mib(result.consumed.get("memory", ""))
+        if memory is not None:
+            self.consumed_mib = (self.consumed_mib or 0) + memory
+        asked = quantity_bytes(result.asked.get("memory", ""))
+        if asked is not None:  # in whole MiB, rounded up as the scheduler rounds a request
+            self.asked_mib = (self.asked_mib or 0) + -(-asked >> 20)
+        return memory
 
 
 def _take(claims: dict[str, PreparedClaim], *, uid: str) -> PreparedClaim | None:

@@ -6,15 +6,29 @@ Lifecycle, in the order kubelet forces (docs/contract.md):
     register() Register with kubelet, which dials back at once, so we must already serve;
     update()   swap the plan snapshot; kubelet hears of it only when what it sees changed;
     restart()  kubelet restarted (it wiped device-plugins/) or our socket vanished:
-               listen on a new socket, register again, then let the old server go;
+               listen on a new socket, register again, step aside (below) while kubelet
+               still holds the old server's stream, then let the old server go;
     stop()     tell kubelet there are no devices, stop serving, delete our socket.
 
-Socket names are unique per start (`sharing-<slug>-<random>.sock`): kubelet identifies a plugin
-by its endpoint, and a name reused across restarts could be mistaken for a stale one. The slug
-keeps only `[a-z0-9.-]` of the resource name, so nothing an admin types reaches a path unchecked.
-A plugin that was killed leaves its sockets behind, and only a kubelet restart cleans the
-directory; `remove_stale_sockets` deletes, at start, those of our names that nobody listens on,
-and `live_sockets` finds those somebody does (what `run-dra` must not start beside).
+Two instances of one resource (a rolling update with maxSurge, or a relisten): kubelet (1.32
+devicemanager/plugin/v1beta1/handler.go `runClient`) keeps only the latest registration of a
+resource name, but a superseded stream stays open and its lists still apply; when that stream
+ends, kubelet drops the registration it then holds, whosever it is: it cancels that stream and
+marks the resource's devices Unhealthy. So stop() sends no empty list while another instance of
+ours serves the same resource (a live socket of the same resource's name): the list would reach
+kubelet's view of the resource, which the other instance serves. When that instance registered
+after us, stop() first steps aside (handover.py), so that our stream ending leaves its
+registration alone; restart() does the same for the registration it just made. Kubelet waits
+10 s dialing an endpoint whose socket is gone, holding it as the resource's client all the
+while, so a listener whose socket vanished steps aside through a short-lived socket of its own.
+Should kubelet drop our registration anyway, we learn it from the servicer (kubelet ended the
+stream of our registration while we serve) or from stream_watch.py (kubelet opened none after
+Register): `on_lost`, and the owner registers again.
+
+Socket names are unique per start (sockets.py). A plugin that was killed leaves its sockets
+behind, and only a kubelet restart cleans the directory; `remove_stale_sockets` deletes, at
+start, those of our names that nobody listens on, and `live_sockets` finds those somebody does
+(what `run-dra` must not start beside).
 Start, register, restart and stop are serialised by one lock; a supervisor that must stop
 quickly cancels a pending register or restart before calling stop().
 """
@@ -23,16 +37,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import re
-import secrets
+import time
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
-import grpc
-
 from sharing_plugin.errors import KubeletError
 from sharing_plugin.kit import unix_grpc
-from sharing_plugin.kubelet import registration
+from sharing_plugin.kubelet import handover, registration
 from sharing_plugin.kubelet.api.constants import (
     DEVICE_PLUGINS_DIR,
     KUBELET_MAX_RECEIVE_MESSAGE_BYTES,
@@ -40,16 +52,26 @@ from sharing_plugin.kubelet.api.constants import (
 from sharing_plugin.kubelet.api.deviceplugin.v1beta1 import api_pb2 as dp
 from sharing_plugin.kubelet.api.deviceplugin.v1beta1 import api_pb2_grpc as dp_grpc
 from sharing_plugin.kubelet.grants import GrantLedger
+from sharing_plugin.kubelet.listener import SHUTDOWN_BOUND_S, Listener
 from sharing_plugin.kubelet.recording import KubeletRecorder
 from sharing_plugin.kubelet.servicer import OPTIONS, DevicePluginServicer, add_to_server
 from sharing_plugin.kubelet.snapshot import AllocateContext, Snapshot, snapshot
+from sharing_plugin.kubelet.sockets import (
+    live_sockets,
+    remove_stale_sockets,
+    same_resource_sockets,
+    socket_name,
+)
+from sharing_plugin.kubelet.stream_watch import StreamWatch
 from sharing_plugin.plan import ResourcePlan
 
 __all__ = [
+    "SHUTDOWN_BOUND_S",
     "AllocateContext",
     "ResourceServer",
     "live_sockets",
     "remove_stale_sockets",
+    "same_resource_sockets",
     "socket_name",
 ]
 
@@ -66,129 +88,10 @@ SERVER_OPTIONS = (
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
 )
-# Bounded so that SIGTERM -> exit stays within 2 s with every resource stopping at once: the
-# calls that can finish get STOP_GRACE_S, grpc's shutdown after them SHUTDOWN_BOUND_S (twice
-# that when it was graceful and had to cancel at the end).
-SHUTDOWN_BOUND_S = 0.1
 # Kubelet picks devices from the list it holds and calls Allocate two RPCs later
 # (GetPreferredAllocation first); a device withdrawn while it was Healthy is honoured this long.
 WITHDRAWN_HONOURED_S = 5.0
-_UNSAFE = re.compile(r"[^a-z0-9.-]+")
-_OUR_SOCKET = re.compile(r"sharing-(?:[a-z0-9.-]*-)?[0-9a-f]{8}\.sock")
 _EMPTY_LIST = dp.ListAndWatchResponse().SerializeToString()
-
-
-def socket_name(resource_name: str, *, max_length: int = 64) -> str:
-    """A fresh socket file name for `resource_name`: `sharing-<slug>-<8 hex>.sock`."""
-    slug = _UNSAFE.sub("-", resource_name.lower()).strip("-.")
-    fixed = len("sharing--.sock") + 8
-    slug = slug[: max(0, max_length - fixed)].strip("-.")
-    parts = ["sharing", slug, secrets.token_hex(4)] if slug else ["sharing", secrets.token_hex(4)]
-    return "-".join(parts) + ".sock"
-
-
-def remove_stale_sockets(kubelet_dir: Path) -> list[Path]:
-    """Delete the sockets a killed plugin left in `<kubelet_dir>/device-plugins`; the removed.
-
-    Only files named like ours (`socket_name`) that are sockets and that nobody listens on: a
-    second instance starting while the first still serves keeps its socket, and kubelet.sock
-    and other plugins' sockets are never touched.
-    """
-    removed: list[Path] = []
-    try:
-        entries = list((Path(kubelet_dir) / DEVICE_PLUGINS_DIR).iterdir())
-    except OSError:
-        return removed  # no directory yet: nothing to clean
-    for path in entries:
-        if not _OUR_SOCKET.fullmatch(path.name):
-            continue
-        try:
-            if unix_grpc.probe(path) is not unix_grpc.SocketState.STALE:
-                continue
-            path.unlink()
-        except OSError as exc:
-            log.warning("cannot remove stale socket %s: %s", path, exc)
-            continue
-        removed.append(path)
-    if removed:
-        log.info(
-            "removed %d stale socket(s) of an earlier run: %s",
-            len(removed),
-            ", ".join(p.name for p in removed),
-        )
-    return removed
-
-
-def live_sockets(kubelet_dir: Path) -> list[Path]:
-    """Our sockets in `<kubelet_dir>/device-plugins` that somebody listens on (a running `run`),
-    in name order; a missing or unreadable directory has none."""
-    try:
-        entries = sorted((Path(kubelet_dir) / DEVICE_PLUGINS_DIR).iterdir())
-    except OSError:
-        return []
-    live: list[Path] = []
-    for path in entries:
-        if not _OUR_SOCKET.fullmatch(path.name):
-            continue
-        try:
-            if unix_grpc.probe(path) is unix_grpc.SocketState.LIVE:
-                live.append(path)
-        except OSError:
-            continue
-    return live
-
-
-class _Listener:
-    """One started grpc.aio server, its servicer and its socket file."""
-
-    def __init__(
-        self,
-        server: grpc.aio.Server,
-        servicer: DevicePluginServicer,
-        path: Path,
-        lingering: set[asyncio.Task[None]],
-    ) -> None:
-        self.server = server
-        self.servicer = servicer
-        self.path = path
-        self._lingering = lingering
-
-    async def close(self, final: bytes | None) -> None:
-        """Send `final` (when given) on every stream, end them, stop serving, delete the socket.
-
-        Returns within STOP_GRACE_S + 2 x SHUTDOWN_BOUND_S whatever the clients do. grpc cannot
-        finish shutting down while a connection has a write its peer never reads (a frozen
-        process with its window open); that shutdown goes on in `lingering` until the peer
-        reads or goes, and nothing of ours waits for it.
-        """
-        # Ending our streams first lets the server stop as soon as the calls that can finish
-        # have, instead of waiting out a grace period on streams that never end by themselves.
-        self.servicer.broadcast(final, final=True)
-        await self.servicer.wait_calls_ended(unix_grpc.STOP_GRACE_S)
-        if self.servicer.unfinished():
-            # Streams whose readers do not read: cancelled now.
-            shutdown, bound = asyncio.ensure_future(self.server.stop(None)), SHUTDOWN_BOUND_S
-        else:
-            # A graceful shutdown (GOAWAY without an error) once nothing is left to finish.
-            stopping = self.server.stop(SHUTDOWN_BOUND_S)
-            shutdown, bound = asyncio.ensure_future(stopping), 2 * SHUTDOWN_BOUND_S
-        self._lingering.add(shutdown)
-        shutdown.add_done_callback(self._lingering.discard)
-        done, _ = await asyncio.wait({shutdown}, timeout=bound)
-        # Our name is unique, so this never removes a file kubelet created after a restart.
-        self.path.unlink(missing_ok=True)
-        if not done:
-            log.warning(
-                "a client of %s does not read what was sent to it: its connection keeps the "
-                "stopped server's resources until it reads or disconnects",
-                self.path.name,
-            )
-            return
-        # grpc's tasks for the calls it cancelled resume a moment after its shutdown.
-        calls = self.servicer.unfinished()
-        if calls:
-            await asyncio.wait(calls, timeout=SHUTDOWN_BOUND_S)
-        await asyncio.sleep(0)
 
 
 class ResourceServer:
@@ -203,18 +106,24 @@ class ResourceServer:
         metrics: KubeletRecorder | None = None,
         grants: GrantLedger | None = None,
         lingering: set[asyncio.Task[None]] | None = None,
+        on_lost: Callable[[ResourceServer], None] | None = None,
     ) -> None:
         """`lingering` collects the grpc shutdowns of stopped listeners that a client which
-        does not read holds up (one set for every server of a process: see `_Listener.close`)."""
+        does not read holds up (one set for every server of a process: see `Listener.close`).
+        `on_lost` is called (no longer registered) when kubelet ended the stream of our
+        registration while we serve, or opened none after it; the owner registers again."""
         self._kubelet_dir = Path(kubelet_dir)
         self._plugin_dir = self._kubelet_dir / DEVICE_PLUGINS_DIR
         self._name = resource.name
         self._metrics = metrics
         self._grants = grants
         self._snapshot: Snapshot = snapshot(resource, context)
-        self._listener: _Listener | None = None
+        self._listener: Listener | None = None
         self._lingering = lingering if lingering is not None else set()
         self._registered = False
+        self._registered_at_ns = 0  # wall clock of our last registration
+        self._on_lost = on_lost
+        self._watch = StreamWatch(self._name, self._no_stream)
         self._lock = asyncio.Lock()
 
     # -- state ---------------------------------------------------------------------------------
@@ -256,15 +165,20 @@ class ResourceServer:
         """Listen on a new socket and register again, then stop the old server.
 
         The old server goes last so that a kubelet that is still alive (only our socket was
-        deleted) keeps a working stream until the new registration replaces it. Raises
-        KubeletError when registration fails; the new socket keeps listening for a retry.
+        deleted) keeps a working stream until the new registration replaces it; when kubelet
+        still holds the old stream, we step aside first, or its end would make kubelet drop
+        the new registration. Raises KubeletError when registration fails; the new socket
+        keeps listening for a retry.
         """
         async with self._lock:
             old, self._listener = self._listener, None
+            self._watch.cancel()
             self._set_registered(False)
             try:
                 self._listener = await self._listen()
                 await self._register()
+                if old is not None and old.servicer.streaming:
+                    await self._step_aside(old)
             finally:
                 if old is not None:
                     await old.close(None)
@@ -277,14 +191,28 @@ class ResourceServer:
         """
         async with self._lock:
             listener, self._listener = self._listener, None
+            self._watch.cancel()
             if listener is None:
                 return
             self._snapshot = self._next(replace(self._snapshot.resource, devices=()), None)
             # Kubelet keeps the devices of an ended stream as Unhealthy for 5 minutes; an empty
-            # list first makes the resource's capacity drop to 0 at once.
-            await listener.close(_EMPTY_LIST)
+            # list first makes the resource's capacity drop to 0 at once. Not while another
+            # instance serves the resource: kubelet would apply it to what that one serves.
+            others = same_resource_sockets(listener.path)
+            if self._registered and handover.superseded(others, self._registered_at_ns):
+                await self._step_aside(listener)
+            await listener.close(None if others else _EMPTY_LIST)
             self._set_registered(False)
-            log.info("stopped serving %s (socket %s removed)", self._name, listener.path)
+            if others:
+                log.info(
+                    "stopped serving %s (socket %s removed); another instance serves it on %s: "
+                    "no empty list sent",
+                    self._name,
+                    listener.path,
+                    ", ".join(p.name for p in others),
+                )
+            else:
+                log.info("stopped serving %s (socket %s removed)", self._name, listener.path)
 
     def update(self, resource: ResourcePlan, context: AllocateContext | None = None) -> bool:
         """Swap in a new snapshot; push one ListAndWatch message iff kubelet's view changed.
@@ -313,7 +241,7 @@ class ResourceServer:
             honour_s=WITHDRAWN_HONOURED_S,
         )
 
-    async def _listen(self) -> _Listener:
+    async def _listen(self) -> Listener:
         self._plugin_dir.mkdir(parents=True, exist_ok=True)
         limit = unix_grpc.MAX_SOCKET_PATH_BYTES
         budget = limit - unix_grpc.socket_path_bytes(self._plugin_dir) - 1
@@ -324,7 +252,11 @@ class ResourceServer:
             )
         path = self._plugin_dir / socket_name(self._name, max_length=min(budget, 64))
         servicer = DevicePluginServicer(
-            self._name, lambda: self._snapshot, self._metrics, self._grants
+            self._name,
+            lambda: self._snapshot,
+            self._metrics,
+            self._grants,
+            on_lost=lambda: self._lost(servicer),
         )
         server = await unix_grpc.serve(
             path,
@@ -333,7 +265,7 @@ class ResourceServer:
             who=self._name,
             advice="check that the directory exists and is writable by the plugin",
         )
-        listener = _Listener(server, servicer, path, self._lingering)
+        listener = Listener(server, servicer, path, self._lingering)
         try:
             await self._check_answers(path)
         except BaseException:
@@ -359,6 +291,8 @@ class ResourceServer:
             if listener is not None:
                 await listener.close(None)
             listener = self._listener = await self._listen()
+        self._watch.cancel()
+        opened_before = listener.servicer.opened
         try:
             await registration.register(
                 self._kubelet_dir,
@@ -372,6 +306,8 @@ class ResourceServer:
                 self._metrics.count_registration(self._name, ok=False)
             raise
         self._set_registered(True)
+        self._registered_at_ns = time.time_ns()
+        self._watch.expect(listener.servicer, opened_before=opened_before)
         if self._metrics is not None:
             self._metrics.count_registration(self._name, ok=True)
         resource = self._snapshot.resource
@@ -382,6 +318,43 @@ class ResourceServer:
             len(resource.devices),
             resource.healthy_count,
         )
+
+    async def _step_aside(self, listener: Listener) -> None:
+        """Make kubelet forget the resource's client before `listener`'s streams end
+        (handover.py), through `listener`'s socket or, when that is gone, a short-lived one."""
+        if listener.path.exists():
+            await handover.step_aside(
+                self._kubelet_dir, listener.servicer, listener.path.name, self._name
+            )
+            return
+        via = await self._listen()
+        try:
+            await handover.step_aside(self._kubelet_dir, via.servicer, via.path.name, self._name)
+        finally:
+            await via.close(None)
+
+    def _no_stream(self, servicer: DevicePluginServicer) -> None:
+        bound = self._watch.bound_s
+        self._lost(servicer, f"opened no ListAndWatch stream within {bound:g} s of Register")
+
+    def _lost(
+        self, servicer: DevicePluginServicer, why: str = "ended its ListAndWatch stream"
+    ) -> None:
+        """Kubelet ended the last stream of `servicer`, or opened none after we registered it:
+        it dropped our registration, if that is current."""
+        listener = self._listener
+        if listener is None or listener.servicer is not servicer or not self._registered:
+            return
+        self._set_registered(False)
+        self._watch.cancel()
+        log.info(
+            "kubelet dropped the registration of %s on %s: it %s",
+            self._name,
+            listener.path.name,
+            why,
+        )
+        if self._on_lost is not None:
+            self._on_lost(self)
 
     def _set_registered(self, registered: bool) -> None:
         self._registered = registered

@@ -17,8 +17,13 @@ promised it to the pod, and refusing fails the pod's admission. Every grant is n
 
 ListAndWatch streams end only when kubelet cancels them or the server stops: kubelet treats a
 stream that finishes as a dead plugin, marks every device Unhealthy and never reconnects
-(devicemanager/plugin/v1beta1/client.go). Each stream keeps only the latest pending message, so a
-burst of updates reaches a slow kubelet as one full list, not a backlog of stale ones.
+(devicemanager/plugin/v1beta1/client.go). Kubelet cancels a stream when it drops the
+registration (it stops, or the superseded stream of another instance of the same resource ended:
+see server.py); `on_lost` tells the owner when the last open stream ended so, so that it can
+register again. Kubelet may also drop a registration before its stream reaches us: `opened`
+counts the streams and `wait_opened` waits for the next, for the owner to notice one that never
+came. Each stream keeps only the latest pending message, so a burst of updates reaches a slow
+kubelet as one full list, not a backlog of stale ones.
 
 Other clients may hold streams on the same socket, and none of them may slow kubelet's: the list
 is serialised once per snapshot and every stream sends those bytes (a 7,168-device list is
@@ -96,8 +101,14 @@ class DevicePluginServicer:
         current: Callable[[], Snapshot],
         metrics: KubeletRecorder | None = None,
         grants: GrantLedger | None = None,
+        on_lost: Callable[[], None] | None = None,
     ) -> None:
+        """`on_lost` is called when a client ended the last open ListAndWatch stream while the
+        server was not closing (kubelet dropped the registration)."""
         self._name = name
+        self._on_lost = on_lost
+        # Set while stepping aside (server.py): kubelet's connect to a registration fails.
+        self.refuse_options = False
         self._current = current
         self._metrics = metrics
         self._grants = grants
@@ -107,6 +118,9 @@ class DevicePluginServicer:
         self._closing = False
         self._noted = False  # whether an Allocate note was logged
         self._closing_at = 0.0  # loop time of the final broadcast
+        # ListAndWatch calls opened so far, and an event set (then replaced) at each.
+        self.opened = 0
+        self._opened = asyncio.Event()
 
     def broadcast(self, payload: bytes | None, *, final: bool = False) -> None:
         """Queue `payload` on every open stream (replacing one not yet sent); `final` ends them
@@ -144,6 +158,16 @@ class DevicePluginServicer:
                 waiting, timeout=max(0.0, until - now), return_when="FIRST_COMPLETED"
             )
 
+    @property
+    def streaming(self) -> bool:
+        """Whether a ListAndWatch stream is open."""
+        return bool(self._streams)
+
+    async def wait_opened(self, after: int) -> None:
+        """Return once more than `after` ListAndWatch calls were opened (see `opened`)."""
+        while self.opened <= after:
+            await self._opened.wait()
+
     def unfinished(self) -> set[asyncio.Task[Any]]:
         """The tasks of the calls still running."""
         return {t for t in self._calls if not t.done()}
@@ -174,6 +198,10 @@ class DevicePluginServicer:
         self, request: dp.Empty, context: Context
     ) -> dp.DevicePluginOptions:
         self._track()
+        if self.refuse_options:
+            context.set_code(grpc.StatusCode.UNAVAILABLE)
+            context.set_details(f"device plugin for {self._name} is leaving")
+            return dp.DevicePluginOptions()
         return OPTIONS
 
     async def ListAndWatch(self, request: dp.Empty, context: Context) -> AsyncIterator[bytes]:
@@ -184,6 +212,9 @@ class DevicePluginServicer:
         # an update can neither slip between them nor be sent twice.
         if call is not None:
             self._streams[call] = stream
+        self.opened += 1
+        self._opened.set()
+        self._opened = asyncio.Event()
         payload: bytes | None = self._current().payload
         try:
             while payload is not None:
@@ -200,6 +231,9 @@ class DevicePluginServicer:
         finally:
             if call is not None:
                 self._streams.pop(call, None)
+            # Only a stop of ours ends a stream by itself: this one was ended by its client.
+            if not (self._closing or stream.final or self._streams) and self._on_lost is not None:
+                self._on_lost()
 
     async def Allocate(self, request: dp.AllocateRequest, context: Context) -> dp.AllocateResponse:
         self._track()

@@ -2,7 +2,8 @@
 
 What `kubectl describe node` and `kubectl get events` show an admin after an edit:
 - Events (reasons `ConfigApplied`, `ConfigRejected`, `MigLayoutPending`, `MigLayoutApplied`,
-  `GpuUnhealthy`, `GpuRecovered`, `GpuShareExceeded`) on the Node, in the `default` namespace
+  `GpuUnhealthy`, `GpuRecovered`, `GpuShareExceeded`; `run-dra`'s `ConfigWaitsForClaims` and
+  `ConfigFullyApplied`, its only writes here) on the Node, in the `default` namespace
   as the kubelet files node events; `GpuShareExceeded` also on the pod, in its namespace. Like
   client-go's event recorder, a repeat of the same reason and message about the same object
   within ten minutes bumps the first event's `count` instead of creating another, and each

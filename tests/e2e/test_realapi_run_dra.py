@@ -23,7 +23,7 @@ import pytest
 import realapi
 from kustomize_render import daemonset_env, render
 from lightkube.models.meta_v1 import ObjectMeta
-from lightkube.resources.core_v1 import ConfigMap, Namespace, Node
+from lightkube.resources.core_v1 import ConfigMap, Event, Namespace, Node
 from lightkube.types import PatchType
 from plugin_process import PluginProcess
 from realapi_support import (
@@ -174,11 +174,39 @@ async def test_run_dra_as_deploy_dra_configures_it_needs_every_rule_and_no_other
                 await observed(
                     cluster, slices, _dict(devices_published(node, 16, 1)), fields=on_node
                 )
+                assert await _unprepare(short_dir, claim) == ""
+                # By capacity (the default): a claim placed at 2 replicas' share, then a
+                # replicas edit that waits for it, is a Node event; back to 2, the edit took
+                # full effect; 3 again, the same event, counted (a patch).
+                await edit(sliced(2))
+                found = await observed(
+                    cluster, slices, _dict(devices_published(node, 8, 1)), fields=on_node
+                )
+                gpu = min(d["name"] for s in found.values() for d in s.to_dict()["spec"]["devices"])
+                shared = await _allocated_claim(cluster, claims, node=node, device=gpu)
+                assert (await _prepare(short_dir, shared)).error == ""
+                for replicas, reason, count in (
+                    (3, "ConfigWaitsForClaims", 1),
+                    (2, "ConfigFullyApplied", 1),
+                    (3, "ConfigWaitsForClaims", 2),
+                ):
+                    await edit(sliced(replicas))
+                    await observed(
+                        cluster,
+                        Event,
+                        _event(reason, count),
+                        namespace="default",
+                        fields={"involvedObject.name": node},
+                    )
                 assert await process.stop() == 0, process.stderr()
     requests = decided(real_api, plugin.user, rules(docs))
     assert (
         Asked("resource.k8s.io", "get", "resourceclaims", claim.namespace, claim.name) in requests
     )
+
+
+def _event(reason: str, count: int) -> Any:
+    return lambda found: any(e.reason == reason and (e.count or 1) == count for e in found.values())
 
 
 def _dict(done: Any) -> Any:
@@ -217,6 +245,16 @@ async def _allocated_claim(client: Any, kind: Any, *, node: str, device: str) ->
         patch_type=PatchType.MERGE,
     )
     return dra.Claim(namespace=namespace, name=name, uid=created.metadata.uid)
+
+
+async def _unprepare(kubelet_dir: Path, claim: dra.Claim) -> str:
+    """NodeUnprepareResources on the plugin's DRA socket; the claim's error ("" for none)."""
+    (socket,) = (kubelet_dir / "plugins" / DRIVER).glob("dra-*.sock")
+    async with grpc.aio.insecure_channel(f"unix://{socket}") as channel:
+        response = await dra_grpc.DRAPluginStub(channel).NodeUnprepareResources(
+            dra.NodeUnprepareResourcesRequest(claims=[claim])
+        )
+    return str(response.claims[claim.uid].error)
 
 
 async def _prepare(kubelet_dir: Path, claim: dra.Claim) -> Any:

@@ -1,8 +1,9 @@
 """`sharing-plugin run-dra` on a real one-node cluster (tests/realcluster.py) with deploy/dra's
 DeviceClasses: claims from templates sharing a GPU by memory, pods written for the device plugin
 served through the scheduler's extended-resource claim, a dynamic MIG claim; what the kubelet
-hands the runtime agrees with the CDI spec the plugin wrote for each claim; claims released
-when their pods go.
+hands the runtime agrees with the CDI spec the plugin wrote for each claim; a replicas edit
+that waits for the claims placed at the old share, told on the Node; claims released when their
+pods go, and the edit's full effect told too.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from typing import Any
 import pytest
 import realcluster
 import yaml
-from lightkube.resources.core_v1 import Pod
+from lightkube.resources.core_v1 import Event, Pod
 from realapi_support import observed
 from realcluster_state import slices_when
 from realcluster_support import DEPLOY_DRA, DRIVER, GPU, OnNode, on_node, unschedulable
@@ -131,6 +132,21 @@ async def test_claims_share_serve_device_plugin_pods_partition_mig_and_are_relea
             mig_env = node.created(pods["mig"])["envs"]
             assert "NVIDIA_VISIBLE_DEVICES" not in mig_env  # CDI tells the runtime
 
+            # Five replicas now: the claims placed at four's share (20 GiB) keep it, and the
+            # Node says the edit waits for them, as `kubectl get events` shows an admin.
+            earlier = {e["metadata"]["name"] for e in node_events(node)}
+            await node.configure(CONFIG.replace("replicas: 4", "replicas: 5"))
+            (waits,) = await new_node_events(node, "ConfigWaitsForClaims", earlier)
+            assert waits["type"] == "Warning" and waits["count"] == 1, waits
+            told = waits["message"].lower()
+            for name in ("mem-a", "plain"):
+                assert results[name]["device"].removeprefix("gpu-") in told, (name, told)
+            assert "3 claim(s) hold the old share (20480 mib)" in told, told
+            assert "the config's share is 16384 mib (5 per device)" in told, told
+            # Counted at what they consumed: GPU 0 holds 2 x 40 GiB (nothing fits), GPU 1
+            # 20 GiB (three shares of 16 GiB fit in the other 60).
+            assert "3 new share(s) fit now" in told, told
+
             # The pods go: their claims are deleted and unprepared (the CDI specs removed).
             for name in [*asks, "mem-c"]:
                 await node.client.delete(Pod, name, namespace=namespace)
@@ -139,4 +155,31 @@ async def test_claims_share_serve_device_plugin_pods_partition_mig_and_are_relea
             async with asyncio.timeout(30):
                 while list(cdi.glob(f"{DRIVER}-claim_*.json")):  # noqa: ASYNC110 -- files
                     await asyncio.sleep(0.1)
+            # No claim holds the old share any more: the edit took full effect.
+            (done,) = await new_node_events(node, "ConfigFullyApplied", earlier)
+            assert done["type"] == "Normal", done
+            assert len(await new_node_events(node, "ConfigWaitsForClaims", earlier)) == 1
             assert await plugin.stop() == 0, plugin.stderr()
+
+
+def node_events(node: OnNode, reason: str | None = None) -> list[dict[str, Any]]:
+    """The Node's events as `kubectl get events` lists them (`reason`'s only, if given)."""
+    selector = f"involvedObject.name={node.name}" + (f",reason={reason}" if reason else "")
+    said = node.cluster.kubectl(
+        "get", "events", "-n", "default", "--field-selector", selector, "-o", "json"
+    )
+    found: list[dict[str, Any]] = json.loads(said)["items"]
+    return found
+
+
+async def new_node_events(node: OnNode, reason: str, earlier: set[str]) -> list[dict[str, Any]]:
+    """The Node's `reason` events not in `earlier`, once there is one (watched for)."""
+    await observed(
+        node.client,
+        Event,
+        lambda found: any(e.reason == reason and n not in earlier for n, e in found.items()),
+        namespace="default",
+        fields={"involvedObject.name": node.name},
+        within=30,
+    )
+    return [e for e in node_events(node, reason) if e["metadata"]["name"] not in earlier]

@@ -32,16 +32,18 @@ REFUSED_AT_MOST_S = 40.0
 async def started_when_allowed(dra: OnNode, tries: contextlib.AsyncExitStack) -> PluginProcess:
     """`run-dra` started again, as its pod is restarted, while it refuses to serve a node whose
     allocatable still lists the device plugin's names; the one that published its pool."""
+    assert not await slices_when(dra, lambda _: True), "a pool before run-dra started"
     async with asyncio.timeout(REFUSED_AT_MOST_S):
         while True:
             plugin = await tries.enter_async_context(dra.plugin(L4, command="run-dra"))
             with_slices = asyncio.ensure_future(slices_when(dra, bool))
             ended = asyncio.ensure_future(plugin.process.wait())
             await asyncio.wait({with_slices, ended}, return_when=asyncio.FIRST_COMPLETED)
-            if with_slices.done():
+            if with_slices.done() and not ended.done():  # its pool, not a stale one
                 ended.cancel()
                 return plugin
             with_slices.cancel()
+            await ended
             assert "allocatable from a device plugin" in plugin.stderr(), plugin.stderr()
             await asyncio.sleep(1.0)
 
@@ -90,7 +92,14 @@ async def test_a_node_moves_from_run_to_run_dra_as_the_contract_writes(
                             slices = real_cluster.kubectl(
                                 "get", "resourceslices,node", "-o", "wide", check=False
                             )
-                            raise AssertionError(f"{said}\n{slices}\n{plugin.stderr()}") from None
+                            logged = "\n".join(
+                                line
+                                for line in real_cluster.log.read_text().splitlines()
+                                if "waiting" in line and namespace in line
+                            )
+                            raise AssertionError(
+                                f"{said}\n{slices}\n{plugin.stderr()}\n{logged[-20000:]}"
+                            ) from None
                         extended = pod["status"].get("extendedResourceClaimStatus")
                         assert extended is not None, pod["status"]
                         await node.pod(namespace, "after", {GPU: 1})

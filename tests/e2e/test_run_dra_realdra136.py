@@ -24,6 +24,7 @@ from realdra import RealDra
 
 from sharing_plugin.backends import backend_from_spec
 from sharing_plugin.config.loader import parse_config
+from sharing_plugin.dra.checkpoint import checkpoint_path
 from sharing_plugin.nvml.discover import discover
 from sharing_plugin.plan.node import plan_node
 from sharing_plugin.views.dra import dra_documents
@@ -162,4 +163,18 @@ async def test_an_mps_claim_gets_the_limits_of_what_the_scheduler_granted(
             assert f"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0={pinned}M" in env
             assert f"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE={threads}" in env
             assert any(e.startswith("CUDA_MPS_PIPE_DIRECTORY=") for e in env)
+        # Our checkpoint keeps what each share consumed and asked, as the real allocator wrote
+        # and the real API server kept them; a replicas edit counts the claims at that memory:
+        # 11520 of 15360 MiB held, one 3072 MiB share of 5 replicas fits.
+        kept = json.loads(checkpoint_path(short_dir, DRIVER).read_text())
+        shares = sorted(
+            (d["consumedMiB"], d.get("askedMiB")) for c in kept["claims"] for d in c["devices"]
+        )
+        assert shares == [(3840, None), (7680, 7680)], shares
+        updated = short_dir / "config.tmp"
+        updated.write_text(sliced("mps", 5))
+        updated.replace(short_dir / "config.yaml")
+        line = await running.wait_for_line("the config's share takes full effect as claims go")
+        assert "2 claim share(s) placed at another share size hold 11520 MiB in all" in line
+        assert "1 of the 5 shares of 3072 MiB fit now" in line
         assert await running.stop() == 0

@@ -21,16 +21,22 @@ import shutil
 import signal
 import subprocess
 import tempfile
+import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import grpc
 import pytest
 from plugin_process import PluginProcess
 
 from sharing_plugin.backends import backend_from_spec
 from sharing_plugin.config.model import Config
+from sharing_plugin.kubelet import registration
+from sharing_plugin.kubelet.api.deviceplugin.v1beta1 import api_pb2 as dp
+from sharing_plugin.kubelet.api.deviceplugin.v1beta1 import api_pb2_grpc as dp_grpc
+from sharing_plugin.kubelet.server import AllocateContext, ResourceServer
 from sharing_plugin.nvml.discover import discover
 from sharing_plugin.plan import ResourcePlan, plan
 
@@ -350,28 +356,178 @@ async def test_a_held_replica_that_a_reload_drops_stays_counted_until_released(
         assert await running.stop() == 0
 
 
-async def test_a_second_run_takes_over_but_the_first_leaving_stops_it(
+def admit_in_a_loop(kubelet: RealKubelet, until: threading.Event) -> list[dict[str, Any]]:
+    """Admit a one-replica pod and remove it again, as fast as the harness answers, until
+    `until` is set; every answer, in order. In a thread: the harness is asked synchronously."""
+    answers: list[dict[str, Any]] = []
+    while not until.is_set():
+        name = f"loop{len(answers)}"
+        answers.append(kubelet.admit(name, {GPU: 1}))
+        if answers[-1]["admitted"]:
+            kubelet.remove(name)
+    return answers
+
+
+async def test_a_rolling_update_hands_the_resource_over_without_a_gap(
     kubelet: RealKubelet,
 ) -> None:
-    """What a DaemonSet rolling update with maxSurge 1 would do to `run`, and why deploy/ keeps
-    `maxUnavailable: 1, maxSurge: 0`: a second `run` registering while the first serves takes
-    the resource over without a gap (its sockets are its own), but when the first stops, the
-    kubelet's device manager (1.32 here; the plugin watcher's docs say the same of later ones)
-    ends the registration it holds for the resource name, which is the second's: its devices
-    count zero until the second registers again. A fixed kubelet turns this test red."""
+    """A DaemonSet rolling update with `maxSurge: 1, maxUnavailable: 0`: the new `run`
+    registers while the old one serves, then the old one stops. Pods are admitted in a loop
+    the whole time, and none is refused; the new one serves on without registering again."""
     config = time_slicing(4)
     (resource,) = expected(config).values()
-    async with plugin(kubelet, config) as first:
+    async with plugin(kubelet, config) as old:
         await kubelet.wait_for(holds(kubelet, resource))
-        before = {p.name for p in (kubelet.kubelet_dir / "device-plugins").iterdir()}
-        async with plugin(kubelet, config) as second:
-            await second.wait_for_line("registered")
+        async with plugin(kubelet, config) as new:
+            await new.wait_for_line("registered")
             await kubelet.wait_for(holds(kubelet, resource))
-            assert kubelet.capacity(GPU) == (32, 32)  # the takeover: no gap
-            assert await first.stop() == 0
-            after = {p.name for p in (kubelet.kubelet_dir / "device-plugins").iterdir()}
-            assert before - after and after - before  # the first removed only its own socket
+            until = threading.Event()
+            admitting = asyncio.ensure_future(asyncio.to_thread(admit_in_a_loop, kubelet, until))
+            try:
+                await asyncio.sleep(0.1)
+                assert await old.stop() == 0
+                await asyncio.sleep(0.3)  # what kubelet does after the old stream ended
+            finally:
+                until.set()
+                answers = await admitting
+            refused = [a for a in answers if not a["admitted"]]
+            assert len(answers) > 20 and not refused, refused[:3]
+            assert any("no empty list sent" in line for line in old.stderr_lines)
+            assert kubelet.held_list(GPU) == as_kubelet_sees(resource)
+            assert kubelet.capacity(GPU) == (32, 32)
+            assert not any("kubelet dropped the registration" in line for line in new.stderr_lines)
+            assert await new.stop() == 0
+            # Alone now: its empty list takes the capacity to 0 at once, as without a handover.
+            await kubelet.wait_for(lambda: kubelet.capacity(GPU) == (0, 0))
+
+
+class SupersededPlugin(dp_grpc.DevicePluginServicer):
+    """A minimal device plugin of one device ("old-0") on `<kubelet-dir>/device-plugins/old.sock`:
+    the registration that a newer one supersedes. Its ListAndWatch stream sends the one list
+    and stays open until `end()`."""
+
+    ENDPOINT = "old.sock"  # not named like ours: no instance of ours takes it for another
+
+    def __init__(self, kubelet_dir: Path) -> None:
+        self.kubelet_dir = kubelet_dir
+        self.ended = asyncio.Event()
+        self._server = grpc.aio.server()
+        dp_grpc.add_DevicePluginServicer_to_server(self, self._server)
+        socket = kubelet_dir / "device-plugins" / self.ENDPOINT
+        self._server.add_insecure_port(f"unix://{socket}")
+
+    async def __aenter__(self) -> SupersededPlugin:
+        await self._server.start()
+        await registration.register(
+            self.kubelet_dir,
+            endpoint=self.ENDPOINT,
+            resource_name=GPU,
+            options=dp.DevicePluginOptions(),
+        )
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.end()
+        await self._server.stop(None)
+
+    def end(self) -> None:
+        """End the stream: its handler returns, kubelet reads the end of the stream."""
+        self.ended.set()
+
+    async def GetDevicePluginOptions(
+        self, request: dp.Empty, context: Any
+    ) -> dp.DevicePluginOptions:
+        return dp.DevicePluginOptions()
+
+    async def ListAndWatch(
+        self, request: dp.Empty, context: Any
+    ) -> AsyncIterator[dp.ListAndWatchResponse]:
+        numa = dp.TopologyInfo(nodes=[dp.NUMANode(ID=0)])
+        yield dp.ListAndWatchResponse(
+            devices=[dp.Device(ID="old-0", health="Healthy", topology=numa)]
+        )
+        await self.ended.wait()
+
+
+def ids_held(kubelet: RealKubelet) -> list[str]:
+    return sorted(d["id"] for d in kubelet.devices(GPU).get("devices", []))
+
+
+def gpu_server(
+    kubelet: RealKubelet, config: dict[str, Any], lost: list[ResourceServer]
+) -> tuple[ResourceServer, ResourcePlan]:
+    """A ResourceServer of the config's one resource; what it reports lost goes to `lost`."""
+    (resource,) = expected(config).values()
+    inventory = discover(backend_from_spec(PRESET))
+    context = AllocateContext(flags=Config.model_validate(config).flags, inventory=inventory)
+    server = ResourceServer(
+        kubelet_dir=kubelet.kubelet_dir, resource=resource, context=context, on_lost=lost.append
+    )
+    return server, resource
+
+
+async def test_kubelet_drops_the_current_registration_when_a_superseded_stream_ends(
+    kubelet: RealKubelet,
+) -> None:
+    """The kubelet behaviour the handover works around (1.32 devicemanager handler.go
+    `runClient`): when a stream that a newer registration of the same resource superseded
+    ends, kubelet ends the newer one's stream and counts the resource's devices Unhealthy.
+    Here the newer registration is ours, its stream open (kubelet holds our list, which only
+    that stream carries) when the superseded one ends; our server reports the loss (for the
+    supervisor to register again). A fixed kubelet turns this test red."""
+    config = time_slicing(2)
+    lost: list[ResourceServer] = []
+    server, resource = gpu_server(kubelet, config, lost)
+    async with SupersededPlugin(kubelet.kubelet_dir) as old:
+        await kubelet.wait_for(lambda: ids_held(kubelet) == ["old-0"])
+        try:
+            await server.register()
+            await kubelet.wait_for(holds(kubelet, resource))
+            assert kubelet.devices(GPU)["endpoint"] == "connected"
+            old.end()
             await kubelet.wait_for(lambda: kubelet.devices(GPU)["endpoint"] == "stopped")
-            assert kubelet.capacity(GPU)[1] == 0  # nothing allocatable
-            assert kubelet.admit("p", {GPU: 1})["admitted"] is False
-            assert await second.stop() == 0
+            assert kubelet.capacity(GPU) == (16, 0)
+            # Kubelet cancelled our stream: what tells the supervisor to register again.
+            await kubelet.wait_for(lambda: lost == [server])
+            assert not server.registered
+        finally:
+            await server.stop()
+    await kubelet.wait_for(lambda: kubelet.capacity(GPU)[1] == 0)
+
+
+@pytest.mark.parametrize("socket", ["kept", "deleted"])
+async def test_a_restart_while_kubelet_lives_keeps_the_resource_without_a_gap(
+    kubelet: RealKubelet, socket: str
+) -> None:
+    """`ResourceServer.restart()` (our socket vanished while kubelet lives, or a relisten):
+    the new registration takes over while kubelet still holds the old stream, and the old
+    stream's end must not make kubelet drop it. Pods are admitted in a loop the whole time."""
+    config = time_slicing(2)
+    lost: list[ResourceServer] = []
+    server, resource = gpu_server(kubelet, config, lost)
+    try:
+        await server.register()
+        await kubelet.wait_for(holds(kubelet, resource))
+        old = server.socket_path
+        assert old is not None
+        if socket == "deleted":
+            old.unlink()  # what makes the supervisor restart: kubelet then cannot dial it
+        until = threading.Event()
+        admitting = asyncio.ensure_future(asyncio.to_thread(admit_in_a_loop, kubelet, until))
+        try:
+            await asyncio.sleep(0.1)
+            await server.restart()
+            await asyncio.sleep(0.3)  # what kubelet does after the old stream ended
+        finally:
+            until.set()
+            answers = await admitting
+        refused = [a for a in answers if not a["admitted"]]
+        assert len(answers) > 10 and not refused, refused[:3]
+        assert server.socket_path not in (None, old)
+        assert kubelet.devices(GPU)["endpoint"] == "connected"
+        assert kubelet.held_list(GPU) == as_kubelet_sees(resource)
+        assert kubelet.capacity(GPU) == (16, 16)
+        assert server.registered and not lost
+    finally:
+        await server.stop()
+    await kubelet.wait_for(lambda: kubelet.capacity(GPU) == (0, 0))

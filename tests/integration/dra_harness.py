@@ -11,7 +11,7 @@ from typing import Any
 
 import lightkube
 from kube_api import FakeKubeApi, Permissions
-from support.dra.allocator import allocate, allocated_devices
+from support.dra.allocator import allocate, allocated_devices, consumed_capacity
 from support.dra.kubelet import DraKubeletSimulator, PreparedAnswer
 from support.observe import recording_backend, wait_published
 
@@ -76,12 +76,16 @@ class DraRun:
         count: int = 1,
         selectors: list[str] | None = None,
         namespace: str = "default",
+        memory: str | None = None,
     ) -> ClaimRef:
-        """A ResourceClaim for `count` devices of `resource`, allocated by the test allocator
-        from the slices in the API (the scheduler's job in a cluster)."""
+        """A ResourceClaim for `count` devices of `resource` (asking `memory` of each where
+        given), allocated by the test allocator from the slices in the API (the scheduler's
+        job in a cluster)."""
         wanted: dict[str, Any] = {"deviceClassName": self.add_class(resource), "count": count}
         if selectors:
             wanted["selectors"] = [{"cel": {"expression": e}} for e in selectors]
+        if memory is not None:
+            wanted["capacity"] = {"requests": {"memory": memory}}
         request = (
             {"name": "gpu", "exactly": wanted}
             if self.version == "v1"
@@ -93,12 +97,14 @@ class DraRun:
             "metadata": {"name": name, "namespace": namespace},
             "spec": {"devices": {"requests": [request]}},
         }
+        claims = self.api.dra_objects("resourceclaims")
         document["status"] = {
             "allocation": allocate(
                 document,
                 slices=self.api.dra_objects("resourceslices"),
                 classes=self.api.dra_objects("deviceclasses"),
-                allocated=allocated_devices(self.api.dra_objects("resourceclaims")),
+                allocated=allocated_devices(claims),
+                consumed=consumed_capacity(claims),
             )
         }
         stored = self.api.put_dra_object(document)

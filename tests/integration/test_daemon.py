@@ -3,11 +3,18 @@
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 
 import pytest
 from daemon_harness import eventually, node_file, run_options, running
-from support.observe import health_monitor, next_applied, resource_names, servers
+from support.observe import (
+    drop_before_stream,
+    health_monitor,
+    next_applied,
+    resource_names,
+    servers,
+)
 
 from sharing_plugin.backends import backend_from_spec
 from sharing_plugin.daemon.run.app import NodeDevicePlugin
@@ -71,6 +78,37 @@ async def test_kubelet_restart_reregisters_every_resource_on_a_new_socket(
         assert all(before[n] != after[n] and after[n] is not None for n in before)
         assert all(p is not None and p.exists() for p in after.values())
         assert run.capacity() == {"nvidia.com/gpu": 16}
+
+
+async def test_a_registration_kubelet_drops_before_its_stream_opens_is_registered_again(
+    short_dir: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Our socket is deleted while kubelet lives, and kubelet drops the registration made on
+    the new socket before its stream reaches us (the 1.32 kubelet does, when a superseded
+    stream of the resource ends in that moment): nothing of ours ends, so only the stream that
+    never came tells, and run registers again."""
+    caplog.set_level(logging.INFO, logger="sharing_plugin")
+    async with running(short_dir, TIME_SLICING) as run:
+        (gpu,) = servers(run.daemon.supervisor).values()
+        old = gpu.socket_path
+        assert old is not None and len(run.kubelet.registrations) == 1
+        drop_before_stream(run.kubelet, gpu.name)
+        old.unlink()
+        await run.kubelet.wait_for(lambda: run.kubelet.allocatable(gpu.name) == 0)
+        await run.kubelet.wait_for(lambda: len(run.kubelet.registrations) == 3, timeout=5)
+        await run.settled()
+        assert run.allocatable() == {gpu.name: 16}
+        new = gpu.socket_path
+        assert new is not None and new != old
+        assert [r.endpoint for r in run.kubelet.registrations[1:]] == [new.name, new.name]
+        dropped = [
+            r.getMessage() for r in caplog.records if "dropped the registration" in r.getMessage()
+        ]
+        assert dropped == [
+            f"kubelet dropped the registration of {gpu.name} on {new.name}: it opened no "
+            "ListAndWatch stream within 1 s of Register"
+        ]
+        await eventually(lambda: run.daemon.status.ready and gpu.registered)
 
 
 async def test_plugin_started_before_kubelet_registers_once_kubelet_appears(

@@ -5,9 +5,14 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from dra_support import published_devices
-from support.dra.allocator import AllocationFailed, allocate, matches
+from dra_support import inventory, published_devices
+from support.dra.allocator import AllocationFailed, allocate, consumed_capacity, matches
 
+from sharing_plugin.config.base import SharedDevices
+from sharing_plugin.config.model import Config
+from sharing_plugin.gpus.inventory import Inventory
+from sharing_plugin.plan import plan
+from sharing_plugin.views.dra import dra_devices, pool_devices
 from sharing_plugin.views.dra_api import V1BETA1, device_class, resource_slices
 
 DRIVER = "gpu.sharing-plugin.io"
@@ -74,3 +79,51 @@ def test_matches_compares_literals_and_misses_absent_attributes() -> None:
         view,
     )
     assert not matches(f'device.attributes["{DRIVER}"].migProfile == "1g.10gb"', view)
+
+
+def by_capacity(replicas: int) -> list[dict[str, Any]]:
+    """One A100 80GB published by capacity, shared `replicas` ways."""
+    node = inventory()
+    node = Inventory(gpus=node.gpus[:1])
+    cfg = Config.model_validate(
+        {
+            "version": "v1",
+            "sharing": {"timeSlicing": {"resources": [{"name": "gpu", "replicas": replicas}]}},
+        }
+    )
+    published = pool_devices(dra_devices(plan(cfg, node), node, shared=SharedDevices.CAPACITY))
+    return resource_slices(published, node_name="n", driver=DRIVER, generation=1)
+
+
+def asking(memory: str | None) -> dict[str, Any]:
+    found = claim(1)
+    if memory is not None:
+        found["spec"]["devices"]["requests"][0]["exactly"]["capacity"] = {
+            "requests": {"memory": memory}
+        }
+    return found
+
+
+def test_consumable_capacity_as_the_scheduler_allocates_it() -> None:
+    # As the real 1.36 allocator answered (tests/e2e/test_run_dra_realdra136.py): nothing
+    # asked is the default share, a request rounded up to whole shares, each result its share.
+    shared = by_capacity(4)  # 20480 MiB a share
+    claims: list[dict[str, Any]] = []
+    for memory in (None, "30Gi", "1Gi"):
+        allocation = allocate(
+            asking(memory), slices=shared, classes=CLASSES, consumed=consumed_capacity(claims)
+        )
+        claims.append({"status": {"allocation": allocation}})
+    results = [r for c in claims for r in c["status"]["allocation"]["devices"]["results"]]
+    assert [r["consumedCapacity"] for r in results] == [
+        {"memory": "20Gi"},
+        {"memory": "40Gi"},
+        {"memory": "20Gi"},
+    ]
+    assert len({r["shareID"] for r in results}) == 3
+    assert len({r["device"] for r in results}) == 1
+    # 80 GiB of 80 consumed: the next share does not fit, nor does more than the policy's max.
+    with pytest.raises(AllocationFailed, match="0 free device"):
+        allocate(asking(None), slices=shared, classes=CLASSES, consumed=consumed_capacity(claims))
+    with pytest.raises(AllocationFailed, match="0 free device"):
+        allocate(asking("100Gi"), slices=shared, classes=CLASSES)

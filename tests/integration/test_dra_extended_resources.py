@@ -14,7 +14,12 @@ from typing import Any
 
 import yaml
 from dra_harness import DRIVER, DraRun, dra_running
-from support.dra.allocator import allocate, allocated_devices, extended_resource_claim
+from support.dra.allocator import (
+    allocate,
+    allocated_devices,
+    consumed_capacity,
+    extended_resource_claim,
+)
 
 from sharing_plugin.dra.claims import ClaimRef
 
@@ -32,12 +37,14 @@ def pod(name: str, limits: dict[str, Any]) -> dict[str, Any]:
 def scheduled(run: DraRun, the_pod: dict[str, Any]) -> ClaimRef:
     """What the scheduler does for such a pod on a DRA node: its claim, allocated."""
     claim = extended_resource_claim(the_pod, classes=run.api.dra_objects("deviceclasses"))
+    claims = run.api.dra_objects("resourceclaims")
     claim["status"] = {
         "allocation": allocate(
             claim,
             slices=run.api.dra_objects("resourceslices"),
             classes=run.api.dra_objects("deviceclasses"),
-            allocated=allocated_devices(run.api.dra_objects("resourceclaims")),
+            allocated=allocated_devices(claims),
+            consumed=consumed_capacity(claims),
         )
     }
     stored = run.api.put_dra_object(claim)

@@ -8,7 +8,7 @@ from pathlib import Path
 import grpc
 import pytest
 from fake_device_plugin import FakeDevicePlugin, devices
-from support.observe import numa_nodes
+from support.observe import drop_before_stream, numa_nodes
 
 from sharing_plugin.sim.kubelet.endpoint import is_extended_resource_name
 from sharing_plugin.sim.kubelet.simulator import KubeletSimulator
@@ -130,6 +130,29 @@ async def test_a_new_registration_replaces_the_old_endpoint(kubelet: KubeletSimu
         new.push(devices(["z"]))
         await kubelet.wait_for(lambda: kubelet.devices(GPU) == {"z": "Healthy"}, timeout=2)
         assert kubelet.options(GPU) is not None
+
+
+async def test_a_registration_dropped_before_its_stream_opens_leaves_the_devices_unhealthy(
+    short_dir: Path,
+) -> None:
+    # A grace period no busy machine outlasts between the drop and the look at the devices.
+    async with (
+        KubeletSimulator(short_dir, grace_period=60, dial_timeout=0.5) as kubelet,
+        FakeDevicePlugin(kubelet.plugin_dir, initial=devices(["a", "b"])) as plugin,
+    ):
+        await plugin.register()
+        await kubelet.wait_for(lambda: kubelet.allocatable(GPU) == 2, timeout=2)
+        drop_before_stream(kubelet, GPU)
+        await plugin.register()  # answered OK: the dial-back and the options went through
+        await kubelet.wait_for(lambda: kubelet.allocatable(GPU) == 0, timeout=2)
+        assert kubelet.devices(GPU) == {"a": "Unhealthy", "b": "Unhealthy"}
+        assert plugin.names().count("GetDevicePluginOptions") == 2
+        assert plugin.names().count("ListAndWatch") == 1
+        assert kubelet.options(GPU) is None
+        # Only the next registration was dropped: the one after serves again.
+        plugin.push(devices(["a", "b"]))
+        await plugin.register()
+        await kubelet.wait_for(lambda: kubelet.allocatable(GPU) == 2, timeout=2)
 
 
 async def test_a_list_over_kubelets_4_mib_limit_ends_the_stream(

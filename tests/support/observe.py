@@ -161,6 +161,13 @@ def numa_nodes(kubelet: KubeletSimulator, resource: str) -> dict[str, tuple[int,
     return dict(state.numa) if state else {}
 
 
+def drop_before_stream(kubelet: KubeletSimulator, resource: str, times: int = 1) -> None:
+    """Make the simulated kubelet accept the next `times` registrations of `resource`
+    (dial-back and options included), then drop each before its ListAndWatch stream opens: the
+    resource's devices count Unhealthy, and nothing ends on the plugin's side."""
+    kubelet._drops[resource] = kubelet._drops.get(resource, 0) + times
+
+
 @dataclass(frozen=True, slots=True)
 class MigCall:
     """One MIG-changing NVML call the simulator received, and how it ended."""

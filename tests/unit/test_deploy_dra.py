@@ -127,6 +127,7 @@ def test_rbac_is_what_run_dra_uses(rendered: list[dict[str, Any]]) -> None:
         ("", "nodes"): ["get", "list", "watch"],
         ("resource.k8s.io", "resourceslices"): ["create", "delete", "list", "update"],
         ("resource.k8s.io", "resourceclaims"): ["get"],
+        ("", "events"): ["create", "patch"],  # Node events: created, a repeat's count patched
     }
     (binding,) = of_kind(rendered, "ClusterRoleBinding")
     (account,) = of_kind(rendered, "ServiceAccount")

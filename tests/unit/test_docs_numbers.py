@@ -28,7 +28,7 @@ from sharing_plugin.daemon.run import usage
 from sharing_plugin.daemon.run.options import RunOptions
 from sharing_plugin.dra import health as dra_health
 from sharing_plugin.kit import unix_grpc
-from sharing_plugin.kubelet import server, servicer
+from sharing_plugin.kubelet import server, servicer, stream_watch
 from sharing_plugin.kubelet.api.constants import KUBELET_MAX_RECEIVE_MESSAGE_BYTES
 from sharing_plugin.mps.watch import STALE_HEARTBEATS
 from sharing_plugin.observability import nodestatus
@@ -281,6 +281,11 @@ LIMITS = (
     (ARCHITECTURE, f"(at most `STOP_GRACE_S`, {_g(unix_grpc.STOP_GRACE_S)} s)"),
     (ARCHITECTURE, f"for {_g(servicer.STALLED_SEND_S)} s in a send begun before the stop"),
     (ARCHITECTURE, f"`SHUTDOWN_BOUND_S`, {_g(server.SHUTDOWN_BOUND_S)} s"),
+    (
+        CONTRACT,
+        "open no ListAndWatch stream for it within "
+        f"{_g(stream_watch.STREAM_OPEN_BOUND_S)} s (it dropped the registration",
+    ),
     (ARCHITECTURE, f"every `drain_recheck_s` ({_g(RunOptions().drain_recheck_s)} s)"),
 )
 

@@ -5,8 +5,8 @@ GPU's MIG layout pending or applied, a GPU turning Unhealthy or recovering, the 
 answering again. `Reports` turns each into its log lines, the `/status` fields, the reload
 metrics and, with node status on, Node events and the config-state label (`NodeReport`), which
 a reporter writes in the background. Each part is optional: `mps-control` serves no /status,
-`run-dra` files no Node events. Without node status (no `--node-name`, `--node-status off`, no
-credentials) the Node part does nothing.
+`run-dra` files none of these Node events (its own, about claims, are the pool's). Without
+node status (no `--node-name`, `--node-status off`, no credentials) the Node part does nothing.
 """
 
 from __future__ import annotations

@@ -45,6 +45,9 @@ from sharing_plugin.plan.model import Plan
 log = logging.getLogger(__name__)
 
 _REGISTER_BACKOFF_S = (0.2, 10.0)
+# Kubelet dropped a registration (another instance's superseded stream ended): registered again
+# at once, unless it dropped this resource's last one less than this long ago (then backed off).
+_LOST_AGAIN_S = 1.0
 
 
 class Supervisor:
@@ -80,6 +83,7 @@ class Supervisor:
         self._reapply: asyncio.Task[None] | None = None
         self._reapply_due = False
         self._started = False
+        self._lost_at: dict[str, float] = {}
 
     @property
     def advertised(self) -> Plan | None:
@@ -131,6 +135,7 @@ class Supervisor:
                 metrics=self._metrics,
                 grants=self._grants,
                 lingering=self.lingering,
+                on_lost=self._registration_lost,
             )
             for resource in change.start
         ]
@@ -209,12 +214,31 @@ class Supervisor:
         log.info("registered %s with kubelet on %s", server.name, server.socket_path)
         return True
 
-    def _retry_registration(self, server: ResourceServer) -> None:
+    def _registration_lost(self, server: ResourceServer) -> None:
+        """Kubelet ended the stream of `server`'s registration while it serves, or opened none
+        after it: a rolling update's old instance left (docs/contract.md), or kubelet is
+        stopping. Registered again on the same socket at once; a kubelet that is gone is
+        retried with backoff."""
+        self._status.set_registered(server.name, False)
+        now = asyncio.get_running_loop().time()
+        last = self._lost_at.get(server.name)
+        self._lost_at[server.name] = now
+        again = last is not None and now - last < _LOST_AGAIN_S
+        try:
+            self._retry_registration(server, first_delay=_REGISTER_BACKOFF_S[0] if again else 0.0)
+        except RuntimeError:
+            log.debug("registration of %s lost while shutting down", server.name)
+
+    def _retry_registration(
+        self, server: ResourceServer, *, first_delay: float | None = None
+    ) -> None:
         if server.name in self._retries:
             return
 
         async def retry() -> None:
             delay, limit = _REGISTER_BACKOFF_S
+            if first_delay is not None:
+                delay = first_delay
             try:
                 while True:
                     await asyncio.sleep(delay)
@@ -230,7 +254,7 @@ class Supervisor:
                             self._status.set_registered(server.name, True)
                             log.info("registered %s with kubelet", server.name)
                             return
-                    delay = min(delay * 2, limit)
+                    delay = min(max(delay, _REGISTER_BACKOFF_S[0]) * 2, limit)
             finally:
                 self._retries.pop(server.name, None)
 

@@ -29,6 +29,7 @@ per claim (`daemon/run_dra/mig.py`); that needs resource.k8s.io/v1.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -58,8 +59,10 @@ from sharing_plugin.gpus.holders import Holder
 from sharing_plugin.gpus.inventory import Inventory
 from sharing_plugin.kit.cdi import CdiSpecDir
 from sharing_plugin.nvml.api import NvmlApi
+from sharing_plugin.observability.nodestatus import NodeStatusReporter
 from sharing_plugin.views.dra import config_resource_names
-from sharing_plugin.views.dra_api import DEFAULT_DRIVER, PublishedDevice
+from sharing_plugin.views.dra_api import DEFAULT_DRIVER
+from sharing_plugin.views.dra_shares import HeldShare, held_share
 
 if TYPE_CHECKING:
     from lightkube import AsyncClient
@@ -67,6 +70,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 _CLEAR_TIMEOUT_S = 2.0
+_FLUSH_TIMEOUT_S = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,6 +97,7 @@ class DraDriver(ObservedService[PoolState]):
         self.preparer: ClaimPreparer | None = None
         self.keeper: PoolWriter | None = None
         self.server: DraPluginServer | None = None
+        self.node_events: NodeStatusReporter | None = None
         super().__init__(
             options,
             name="dra",
@@ -141,6 +146,10 @@ class DraDriver(ObservedService[PoolState]):
             ),
         )
         self.health = DeviceHealthServicer(pool=node)
+        # Events on the Node only (no label, no annotation): a replicas edit that waits for
+        # claims (docs/contract.md, "run-dra"), with `run`'s aggregation and rate limits.
+        self.node_events = NodeStatusReporter(client, node)
+        self._tasks.spawn(self.node_events.run(), name="node-events", eternal=True)
         self.keeper = PoolWriter(
             SlicePublisher(client, driver=driver, node_name=node, api_version=version),
             features=self.server_features,
@@ -151,6 +160,7 @@ class DraDriver(ObservedService[PoolState]):
             health=self.health,
             hook_path_default=source.hook_path_default,
             held_shares=self._held_shares,
+            node_events=self.node_events,
         )
         # A device plugin serving here now stops run-dra before its first config touches MIG;
         # the names the Node lists allocatable are known only from that config.
@@ -169,6 +179,12 @@ class DraDriver(ObservedService[PoolState]):
 
     async def close(self) -> None:
         await self.pipeline.close()
+        if self.node_events is not None:
+            # An event reported just before the stop is still being written: let it finish,
+            # within a bound, before the tasks stop.
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(_FLUSH_TIMEOUT_S):
+                    await self.node_events.flush()
         await self._tasks.close()
         others: list[Path] = []
         if self.server is not None:
@@ -228,12 +244,13 @@ class DraDriver(ObservedService[PoolState]):
             self.keeper.changed()
         self.pipeline.retry_mig_layout()
 
-    def _held_shares(self) -> list[PublishedDevice]:
-        """One entry per share prepared claims hold: what was published for its device."""
+    def _held_shares(self) -> list[HeldShare]:
+        """One entry per share prepared claims hold: what was published for its device, what
+        the share consumed of it and what its request asked."""
         if self.preparer is None:
             return []
         return [
-            entry
+            held_share(entry, consumed_mib=device.consumed_mib, asked_mib=device.asked_mib)
             for claim in self.preparer.prepared.values()
             for device in claim.devices
             for entry in claim.published

@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING
 
 from sharing_plugin.config.base import SharedDevices
 from sharing_plugin.config.memory import hook_path
@@ -35,7 +36,10 @@ from sharing_plugin.views.dra import dra_devices, pool_devices
 from sharing_plugin.views.dra_api import CounterSet, PublishedDevice
 from sharing_plugin.views.dra_health import device_health, draining_taint, health_taints
 from sharing_plugin.views.dra_mig import DynamicPool, dynamic_pool
-from sharing_plugin.views.dra_shares import OldShares, old_shares
+from sharing_plugin.views.dra_shares import HeldShare, OldShares, old_shares, shares_notice
+
+if TYPE_CHECKING:
+    from sharing_plugin.observability.nodestatus import NodeStatusReporter
 
 log = logging.getLogger(__name__)
 
@@ -54,14 +58,17 @@ class PoolWriter:
         backoff_s: tuple[float, float] = (0.2, 10.0),
         health: DeviceHealthServicer | None = None,
         hook_path_default: str | None = None,
-        held_shares: Callable[[], Sequence[PublishedDevice]] = tuple,
+        held_shares: Callable[[], Sequence[HeldShare]] = tuple,
+        node_events: NodeStatusReporter | None = None,
     ) -> None:
         """`features` is what the API server keeps, as discovered at start; from here on it is
         this keeper's (a write that did not keep a feature's fields gives the feature up).
         `hook_path_default` is where the CDI hook that caps memory is unless the config says.
         `held_shares` has one entry per share prepared claims hold (what was published for
-        its device when prepared)."""
+        its device when prepared, what it consumed and asked). `node_events` files the Node
+        events of the old shares."""
         self._hook_default = hook_path_default
+        self._node_events = node_events
         self._held_shares = held_shares
         self._old_shares: tuple[OldShares, ...] = ()
         self.publisher = publisher
@@ -238,14 +245,17 @@ class PoolWriter:
         self._report_old_shares()
 
     def _report_old_shares(self) -> None:
-        """/status and the log: shared devices claims hold at another share than the config's
-        (a replicas edit that takes full effect as they are released)."""
+        """/status, the log and the Node: shared devices claims hold at another share than the
+        config's (a replicas edit that takes full effect as they are released)."""
         if self.state is None:
             return
         found = old_shares(self.state.devices.values(), self._held_shares())
         if found == self._old_shares:
             return
-        self._old_shares = found
+        before, self._old_shares = self._old_shares, found
         self._status.set_dra_old_shares([o.to_json() for o in found])
         for device in found:
             log.warning("the config's share takes full effect as claims go: %s", device.message())
+        notice = shares_notice(before, found)
+        if notice is not None and self._node_events is not None:
+            self._node_events.event(notice.reason, notice.message, warning=notice.warning)

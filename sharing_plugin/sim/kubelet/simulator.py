@@ -16,6 +16,9 @@ Allocate per container and resource. `restart()` wipes `device-plugins/` like a 
 (everything but the checkpoint) and serves a fresh `kubelet.sock`; plugins must register again.
 Two holds let a test play a slow kubelet: `pod_resources_hold` holds PodResources answers back
 (taken before the hold), `allocate_hold` holds admission between the pick and Allocate.
+It can drop a registration it has just accepted, before the plugin sees its stream, as the 1.32
+kubelet does when a superseded stream of the same resource ends in that moment (`_drops`, set by
+tests through tests/support/observe.py `drop_before_stream`).
 """
 
 from __future__ import annotations
@@ -109,6 +112,7 @@ class KubeletSimulator(Service):
         self._grace_timers: dict[str, asyncio.TimerHandle] = {}
         self._waiters: set[asyncio.Future[None]] = set()
         self._servers: dict[Path, grpc.aio.Server] = {}  # by socket
+        self._drops: dict[str, int] = {}  # registrations to drop, by resource
         self.pod_resources_hold = Hold(self._notify)
         self.allocate_hold = Hold(self._notify)
         self._admission = Admission(
@@ -234,7 +238,13 @@ class KubeletSimulator(Service):
             timer.cancel()
         self.registrations.append(Registration(resource, request.endpoint, endpoint.options))
         self._event(f"Registered device plugin {resource!r} on {request.endpoint}")
-        endpoint.start_watch(self._on_list, self._on_end)
+        if self._drops.get(resource, 0) > 0:
+            self._drops[resource] -= 1
+            endpoint.end_reason = "client disconnected before its ListAndWatch stream opened"
+            self._on_end(endpoint)
+            await endpoint.close()
+        else:
+            endpoint.start_watch(self._on_list, self._on_end)
         if previous is not None:
             await previous.close()
         self._notify()
