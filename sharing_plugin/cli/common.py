@@ -4,6 +4,7 @@ flags of the config sources that `run`, `run-dra` and `mps-control` all take."""
 from __future__ import annotations
 
 import argparse
+import gc
 import logging
 import os
 import re
@@ -231,17 +232,33 @@ def serve_command(
     from sharing_plugin.daemon.node.logs import parse_log_level
     from sharing_plugin.errors import SharingPluginError
 
+    # Start-up makes ~90,000 objects that live as long as the process (modules, classes, the
+    # config schema) and almost no cyclic garbage; collecting while they are made was a tenth
+    # of the start (issue 29). So the collector waits until the service is built (its imports
+    # done), then skips them for good (frozen) and runs as usual on what comes after.
+    gc.disable()
     try:
         check_log_flags(args)
         resolved = options(args)
     except ValueError as exc:
+        gc.enable()
         print(f"sharing-plugin {command}: {exc}", file=sys.stderr)
         return EXIT_USAGE
     configure_logging(args.log_format, level=parse_log_level(args.log_level))
+
+    def build() -> SignalledService:
+        try:
+            return service(resolved)
+        finally:
+            gc.freeze()
+            gc.enable()
+
     try:
         check(resolved)
-        serve_until_stopped(lambda: service(resolved), logger=logger, stopping=stopping)
+        serve_until_stopped(build, logger=logger, stopping=stopping)
     except SharingPluginError as exc:
         logger.error("cannot run: %s", exc)
         return EXIT_INVALID
+    finally:
+        gc.enable()
     return EXIT_OK

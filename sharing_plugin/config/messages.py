@@ -9,7 +9,6 @@ so a field error and a broken rule read alike and come in one document order.
 
 from __future__ import annotations
 
-import difflib
 from collections.abc import Iterable, Iterator
 from typing import Any
 
@@ -74,6 +73,8 @@ def unknown_field_message(loc: Loc) -> str:
     )
     if elsewhere:
         return f"unknown field {key!r} here: it belongs under {' or '.join(elsewhere)}"
+    import difflib  # only a config with an error needs it: not at every start
+
     close = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
     if close:
         return f"unknown field {key!r} (did you mean {close[0]!r}?)"
@@ -131,6 +132,8 @@ def _message(error: Any, loc: Loc) -> str:
     if kind in ("enum", "literal_error"):
         expected = ctx.get("expected", "")
         choices = [c.strip().strip("'") for c in expected.replace(" or ", ", ").split(",")]
+        import difflib
+
         close = difflib.get_close_matches(str(value), choices, n=1, cutoff=0.5)
         hint = f" (did you mean {close[0]!r}?)" if close else ""
         if "eventTypes" in loc:  # the reference's own words for this one

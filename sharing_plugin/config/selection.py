@@ -7,7 +7,6 @@ same for every source (a file, a mounted ConfigMap, the API) and for `plan`.
 
 from __future__ import annotations
 
-import difflib
 from collections.abc import Mapping
 from typing import TypeVar
 
@@ -63,5 +62,7 @@ def _close_name(wanted: str, names: list[str]) -> str | None:
     lowered = {name.lower(): name for name in names}
     if wanted.lower() in lowered:
         return lowered[wanted.lower()]
+    import difflib  # only a name that matches none needs it: not at every start
+
     close = difflib.get_close_matches(wanted, names, n=1, cutoff=0.6)
     return close[0] if close else None

@@ -232,11 +232,6 @@ class Checkpoint:
             raise ValueError("checksum or version mismatch")
         return {c.ref.uid: c for c in (PreparedClaim.from_json(c) for c in claims)}
 
-    def save(self, claims: Mapping[str, PreparedClaim]) -> None:
-        """Replace the file's claims with `claims` (whatever another instance wrote)."""
-        with self._locked():
-            self._save(claims)
-
     def _save(self, claims: Mapping[str, PreparedClaim]) -> None:
         entries = [claims[uid].to_json() for uid in sorted(claims)]
         data = {"version": _VERSION, "claims": entries, "checksum": _checksum(entries)}

@@ -20,3 +20,12 @@ class Holder:
     @property
     def pod_key(self) -> tuple[str, str]:
         return (self.namespace, self.pod)
+
+
+@dataclass(frozen=True, slots=True)
+class HeldReplica:
+    """One advertised device a container holds."""
+
+    device_id: str
+    resource: str
+    holder: Holder

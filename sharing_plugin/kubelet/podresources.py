@@ -19,12 +19,11 @@ from pathlib import Path
 
 import grpc
 
-from sharing_plugin.gpus.holders import Holder
+from sharing_plugin.gpus.holders import HeldReplica, Holder
 from sharing_plugin.kubelet.api.constants import KUBELET_SOCKET, POD_RESOURCES_DIR
 from sharing_plugin.kubelet.api.podresources.v1 import api_pb2 as pr
 from sharing_plugin.kubelet.api.podresources.v1 import api_pb2_grpc as pr_grpc
 from sharing_plugin.kubelet.recording import PodResourcesRecorder
-from sharing_plugin.usage.model import HeldReplica
 
 log = logging.getLogger(__name__)
 

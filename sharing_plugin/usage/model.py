@@ -67,15 +67,6 @@ class PodIdentity:
 
 
 @dataclass(frozen=True, slots=True)
-class HeldReplica:
-    """One advertised device a container holds."""
-
-    device_id: str
-    resource: str
-    holder: Holder
-
-
-@dataclass(frozen=True, slots=True)
 class ContainerUsage:
     """What one container uses of one device, and what it is entitled to there.
 

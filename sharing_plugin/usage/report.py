@@ -21,7 +21,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from sharing_plugin.gpus.holders import Holder
+from sharing_plugin.gpus.holders import HeldReplica, Holder
 from sharing_plugin.gpus.inventory import GpuUuid, Inventory
 from sharing_plugin.plan.model import Plan, physical_of
 from sharing_plugin.usage.model import (
@@ -30,7 +30,6 @@ from sharing_plugin.usage.model import (
     DeviceUsage,
     GpuProcess,
     GpuUsage,
-    HeldReplica,
     NvmlUsage,
     PodIdentity,
     ResourceShare,

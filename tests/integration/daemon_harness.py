@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml_fast
+from support.observe import recording_backend
 
 from sharing_plugin.backends import backend_from_spec, cgroup_version
 from sharing_plugin.daemon.node.options import NodeReportOptions, SourceOptions
@@ -111,7 +112,7 @@ async def running(
     config = config_path or root / "config.yaml"
     if config_text is not None:
         config.write_text(config_text, encoding="utf-8")
-    nvml = backend_from_spec(gpus)
+    nvml = recording_backend(gpus) if gpus.startswith("simulated:") else backend_from_spec(gpus)
     opts = run_options(
         config_path=config if (config_text is not None or config_path) else None,
         gpus=gpus,

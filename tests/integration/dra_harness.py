@@ -13,9 +13,8 @@ import lightkube
 from kube_api import FakeKubeApi, Permissions
 from support.dra.allocator import allocate, allocated_devices, consumed_capacity
 from support.dra.kubelet import DraKubeletSimulator, PreparedAnswer
-from support.observe import wait_published
+from support.observe import recording_backend, wait_published
 
-from sharing_plugin.backends import backend_from_spec
 from sharing_plugin.daemon.node.options import SourceOptions
 from sharing_plugin.daemon.run_dra.driver import DraDriver, DraOptions
 from sharing_plugin.daemon.run_dra.pool import PoolWriter
@@ -163,7 +162,7 @@ async def dra_running(
     finds the MIG instances the GPUs kept)."""
     config = root / "config.yaml"
     config.write_text(config_text, encoding="utf-8")
-    nvml = nvml if nvml is not None else backend_from_spec(gpus)
+    nvml = nvml if nvml is not None else recording_backend(gpus)
     async with _api(api, permissions) as server:
         server.dra_versions = versions
         server.put_node(NODE)

@@ -11,8 +11,8 @@ import pytest
 from daemon_harness import running
 from dra_harness import NODE, dra_running
 from kube_api import FakeKubeApi
+from support.observe import recording_backend
 
-from sharing_plugin.backends import backend_from_spec
 from sharing_plugin.errors import StartupError
 
 CONFIG = "version: v1\n"
@@ -44,7 +44,7 @@ async def test_refused_before_its_first_config_touches_mig(short_dir: Path) -> N
         "version: v1\nflags:\n  migStrategy: mixed\npartitioning:\n  mig:\n"
         "    - devices: [0]\n      profiles: {3g.40gb: 2}\n"
     )
-    nvml = backend_from_spec(A100)
+    nvml = recording_backend(A100)
     async with running(short_dir, CONFIG, gpus=A100):
         with pytest.raises(StartupError, match="serves on this node"):
             async with dra_running(short_dir, layout, nvml=nvml, wait_registered=False):

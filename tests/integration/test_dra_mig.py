@@ -16,7 +16,7 @@ import pytest
 from daemon_harness import append_fault, node_file
 from dra_harness import DRIVER, NODE, DraRun, dra_running
 from kube_api import FakeKubeApi
-from support.observe import health_monitor, next_applied, wait_published
+from support.observe import health_monitor, next_applied, recording_backend, wait_published
 
 from sharing_plugin.backends import backend_from_spec
 from sharing_plugin.dra.claims import ClaimRef
@@ -225,7 +225,7 @@ async def test_existing_instances_are_adopted_and_destroyed_at_unprepare(short_d
 
 
 async def test_a_restart_keeps_the_instance_and_unprepares_it(short_dir: Path) -> None:
-    nvml = backend_from_spec(A100)  # the GPUs outlive the plugin
+    nvml = recording_backend(A100)  # the GPUs outlive the plugin
     seven = placement_name(GPU3, "7g.80gb", 0)
     async with FakeKubeApi() as api:
         async with dra_running(short_dir, dynamic("[3]"), api=api, nvml=nvml) as run:

@@ -13,8 +13,8 @@ from typing import Any
 import lightkube
 import pytest
 import realdra
+from support.observe import recording_backend
 
-from sharing_plugin.backends import backend_from_spec
 from sharing_plugin.daemon.node.options import SourceOptions
 from sharing_plugin.daemon.run_dra.driver import DraDriver, DraOptions
 from sharing_plugin.nvml.discover import discover
@@ -36,7 +36,7 @@ pytestmark = [
 async def test_a_claim_nvml_refuses_gets_nvmls_reason_at_the_kubelet(short_dir: Path) -> None:
     config = short_dir / "config.yaml"
     config.write_text(CONFIG)
-    nvml = backend_from_spec(GPUS)
+    nvml = recording_backend(GPUS)
     gpu = discover(nvml).gpus[3].uuid
     options = DraOptions(
         source=SourceOptions(config_path=config, gpus=GPUS, kubelet_dir=short_dir, node_name=NODE),

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from support.observe import reset_gpu, set_lost
+from support.observe import RecordingNvml, reset_gpu, set_lost
 
 from sharing_plugin.config.model import Config
 from sharing_plugin.daemon.node.mig import MigReconciler
@@ -19,7 +19,6 @@ from sharing_plugin.nvml.discover import discover
 from sharing_plugin.observability.metrics import Metrics
 from sharing_plugin.plan import plan
 from sharing_plugin.sim.nvml.node import load_preset
-from sharing_plugin.sim.nvml.simulated import SimulatedNvml
 
 
 def _config(*entries: dict[str, Any], **extra: Any) -> Config:
@@ -28,7 +27,7 @@ def _config(*entries: dict[str, Any], **extra: Any) -> Config:
     )
 
 
-def _calls(sim: SimulatedNvml) -> list[tuple[str, int, str | None, int | None, str]]:
+def _calls(sim: RecordingNvml) -> list[tuple[str, int, str | None, int | None, str]]:
     calls = [(c.op, c.gpu, c.profile, c.start, c.result) for c in sim.mig_calls]
     sim.mig_calls.clear()
     return calls
@@ -39,7 +38,7 @@ def _advertised(config: Config, inventory: Any) -> dict[str, int]:
 
 
 async def test_declared_layout_is_created_and_advertised() -> None:
-    sim = SimulatedNvml.from_preset("a100-mig-mixed")
+    sim = RecordingNvml.from_preset("a100-mig-mixed")
     before = discover(sim)
     metrics = Metrics()
     config = _config(
@@ -67,7 +66,7 @@ async def test_declared_layout_is_created_and_advertised() -> None:
 
 
 async def test_changed_layout_touches_only_what_differs() -> None:
-    sim = SimulatedNvml.from_preset("a100-mig-mixed")  # GPU 0: 3g.40gb@0 2g.20gb@4 1g.10gb@6
+    sim = RecordingNvml.from_preset("a100-mig-mixed")  # GPU 0: 3g.40gb@0 2g.20gb@4 1g.10gb@6
     inventory = discover(sim)
     config = _config({"devices": [0], "profiles": {"3g.40gb": 1, "1g.10gb": 3}})
     reconciler = MigReconciler(sim)
@@ -91,7 +90,7 @@ async def test_changed_layout_touches_only_what_differs() -> None:
 
 
 async def test_held_instance_waits_for_its_pod_then_goes() -> None:
-    sim = SimulatedNvml.from_preset("a100-mig-mixed")
+    sim = RecordingNvml.from_preset("a100-mig-mixed")
     inventory = discover(sim)
     gpu = inventory.gpus[0]
     held_mig = gpu.mig_devices[0]  # 3g.40gb at slices 0-3: in the way of seven 1g.10gb
@@ -114,7 +113,7 @@ async def test_held_instance_waits_for_its_pod_then_goes() -> None:
 
 
 async def test_impossible_layout_is_an_error_and_touches_nothing() -> None:
-    sim = SimulatedNvml.from_preset("a100-mig-mixed")
+    sim = RecordingNvml.from_preset("a100-mig-mixed")
     inventory = discover(sim)
     config = _config({"devices": [4], "profiles": {"4g.20gb": 1, "2g.10gb": 2}})
     outcome = await MigReconciler(sim).reconcile(config, inventory, {})
@@ -128,7 +127,7 @@ async def test_impossible_layout_is_an_error_and_touches_nothing() -> None:
 
 
 async def test_without_partitioning_mig_is_never_touched() -> None:
-    sim = SimulatedNvml.from_preset("a100-mig-mixed")
+    sim = RecordingNvml.from_preset("a100-mig-mixed")
     inventory = discover(sim)
     config = Config.model_validate({"flags": {"migStrategy": "mixed"}})
     outcome = await MigReconciler(sim).reconcile(config, inventory, {})
@@ -137,7 +136,7 @@ async def test_without_partitioning_mig_is_never_touched() -> None:
 
 
 async def test_turning_mig_off_destroys_then_disables() -> None:
-    sim = SimulatedNvml.from_preset("a100-mig-mixed")
+    sim = RecordingNvml.from_preset("a100-mig-mixed")
     inventory = discover(sim)
     outcome = await MigReconciler(sim).reconcile(
         _config({"devices": [4], "enabled": False}), inventory, {}
@@ -155,7 +154,7 @@ async def test_turning_mig_off_destroys_then_disables() -> None:
 
 
 async def test_h200_partitioned_and_time_sliced_on_top() -> None:
-    sim = SimulatedNvml.from_preset("hgx-h200")
+    sim = RecordingNvml.from_preset("hgx-h200")
     inventory = discover(sim)
     config = _config(
         {"devices": [0, 1], "profiles": {"3g.71gb": 1, "1g.18gb": 2}},
@@ -172,7 +171,7 @@ async def test_h200_partitioned_and_time_sliced_on_top() -> None:
 
 
 async def test_mode_change_needing_a_reset_is_pending_until_the_reset() -> None:
-    sim = SimulatedNvml(load_preset("hgx-h200"), mig_mode_needs_reset=True)
+    sim = RecordingNvml(load_preset("hgx-h200"), mig_mode_needs_reset=True)
     inventory = discover(sim)
     config = _config({"devices": [0], "profiles": {"7g.141gb": 1}})
     reconciler = MigReconciler(sim)
@@ -193,7 +192,7 @@ async def test_mode_change_needing_a_reset_is_pending_until_the_reset() -> None:
 
 
 async def test_nvml_failure_is_the_gpus_error_state() -> None:
-    sim = SimulatedNvml.from_preset("a100-mig-mixed")
+    sim = RecordingNvml.from_preset("a100-mig-mixed")
     inventory = discover(sim)
     config = _config(
         {"devices": [3], "profiles": {"7g.80gb": 1}}, {"devices": [2], "profiles": {"3g.40gb": 2}}
@@ -206,7 +205,7 @@ async def test_nvml_failure_is_the_gpus_error_state() -> None:
 
 
 async def test_unknown_holders_allow_creating_but_not_destroying() -> None:
-    sim = SimulatedNvml.from_preset("a100-mig-mixed")
+    sim = RecordingNvml.from_preset("a100-mig-mixed")
     inventory = discover(sim)
     config = _config(
         {"devices": [3], "profiles": {"7g.80gb": 1}},  # empty GPU: only a creation

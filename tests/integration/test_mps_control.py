@@ -148,7 +148,7 @@ def prepare_claim(kubelet_dir: Path, resource: str) -> Checkpoint:
         spec_file="spec.json",
         published=(device,),
     )
-    checkpoint.save({claim.ref.uid: claim})
+    checkpoint.update(lambda claims: claims.update({claim.ref.uid: claim}))
     return checkpoint
 
 
@@ -172,7 +172,7 @@ async def test_under_dra_a_daemon_a_prepared_claim_uses_waits_for_its_release(
         waiting = await eventually_record(mps_root, lambda r: r.state is DaemonState.WAITING)
         assert waiting.reason is not None and "1 device(s) their claims hold" in waiting.reason
         assert first.pid is not None and process_alive(first.pid)
-        checkpoint.save({})  # the claim unprepared
+        checkpoint.update(lambda claims: claims.clear())  # the claim unprepared
         await eventually(lambda: record(mps_root) is None, within=5)
         assert not process_alive(first.pid)
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from support.observe import reset_gpu, set_lost
+from support.observe import MigCall, RecordingNvml, reset_gpu, set_lost
 
 from sharing_plugin.errors import GpuLostError, NvmlError
 from sharing_plugin.gpus.inventory import MigPlacement
@@ -14,15 +14,13 @@ from sharing_plugin.nvml.mig_ops import (
     destroy_mig_device,
     set_mig_mode,
 )
-from sharing_plugin.sim.nvml.mig import MigCall
-from sharing_plugin.sim.nvml.simulated import SimulatedNvml
 
 GI_1_SLICE, GI_3_SLICE, GI_7_SLICE = 0, 2, 4  # NVML_GPU_INSTANCE_PROFILE_*
 CI_3_SLICE = 2  # NVML_COMPUTE_INSTANCE_PROFILE_3_SLICE
 
 
 def test_create_then_discover_then_destroy() -> None:
-    sim = SimulatedNvml.from_preset("a100-mig-mixed")
+    sim = RecordingNvml.from_preset("a100-mig-mixed")
     gpu = discover(sim).gpus[3]  # MIG on, no instances
     assert gpu.mig_enabled and gpu.mig_devices == ()
 
@@ -50,7 +48,7 @@ def test_create_then_discover_then_destroy() -> None:
 
 
 def test_a_refused_creation_is_recorded_and_names_the_error() -> None:
-    sim = SimulatedNvml.from_preset("a100-mig-mixed")
+    sim = RecordingNvml.from_preset("a100-mig-mixed")
     uuid = sim.gpus[0].uuid  # 3g.40gb@0, 2g.20gb@4, 1g.10gb@6: full
     with pytest.raises(
         NvmlError,
@@ -62,7 +60,7 @@ def test_a_refused_creation_is_recorded_and_names_the_error() -> None:
 
 
 def test_gpus_without_mig_refuse_mig_calls() -> None:
-    sim = SimulatedNvml.from_preset("t4x4")
+    sim = RecordingNvml.from_preset("t4x4")
     uuid = sim.gpus[0].uuid
     with pytest.raises(NvmlError, match="NVML_ERROR_NOT_SUPPORTED"):
         create_gpu_instance(sim, uuid, profile_index=GI_1_SLICE, start=0)
@@ -71,27 +69,27 @@ def test_gpus_without_mig_refuse_mig_calls() -> None:
 
 
 def test_mig_calls_on_a_mig_disabled_gpu_are_not_supported() -> None:
-    sim = SimulatedNvml.from_preset("dgx-h100")
+    sim = RecordingNvml.from_preset("dgx-h100")
     with pytest.raises(NvmlError, match="NVML_ERROR_NOT_SUPPORTED"):
         create_gpu_instance(sim, sim.gpus[0].uuid, profile_index=GI_7_SLICE, start=0)
 
 
 def test_a_lost_gpu_answers_gpu_is_lost() -> None:
-    sim = SimulatedNvml.from_preset("a100-mig-mixed")
+    sim = RecordingNvml.from_preset("a100-mig-mixed")
     set_lost(sim, 0)
     with pytest.raises(GpuLostError):
         destroy_mig_device(sim, sim.gpus[0].uuid, gi_id=1, ci_id=0)
 
 
 def test_mig_mode_takes_effect_at_once_on_an_idle_gpu() -> None:
-    sim = SimulatedNvml.from_preset("dgx-h100")
+    sim = RecordingNvml.from_preset("dgx-h100")
     state = set_mig_mode(sim, sim.gpus[0].uuid, enabled=True)
     assert (state.current, state.pending, state.reset_required) == (True, True, False)
     assert discover(sim).gpus[0].mig_enabled
 
 
 def test_mig_mode_can_stay_pending_until_a_reset() -> None:
-    sim = SimulatedNvml.from_preset("dgx-h100")
+    sim = RecordingNvml.from_preset("dgx-h100")
     sim.mig_mode_needs_reset = True
     state = set_mig_mode(sim, sim.gpus[1].uuid, enabled=True)
     assert (state.current, state.pending, state.reset_required) == (False, True, True)
@@ -102,7 +100,7 @@ def test_mig_mode_can_stay_pending_until_a_reset() -> None:
 
 
 def test_mig_mode_cannot_be_turned_off_under_existing_instances() -> None:
-    sim = SimulatedNvml.from_preset("a100-mig-mixed")
+    sim = RecordingNvml.from_preset("a100-mig-mixed")
     with pytest.raises(NvmlError, match="turning MIG mode off: NVML_ERROR_IN_USE"):
         set_mig_mode(sim, sim.gpus[0].uuid, enabled=False)
     assert set_mig_mode(sim, sim.gpus[3].uuid, enabled=False).current is False
@@ -110,7 +108,7 @@ def test_mig_mode_cannot_be_turned_off_under_existing_instances() -> None:
 
 def test_the_simulator_answers_as_nvml_h_documents() -> None:
     """Where nvml.h says what a call returns and the simulator once said otherwise."""
-    sim = SimulatedNvml.from_preset("dgx-h100")  # MIG off
+    sim = RecordingNvml.from_preset("dgx-h100")  # MIG off
     sim.nvmlInit()
     try:
         handle = sim.nvmlDeviceGetHandleByIndex(0)

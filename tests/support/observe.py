@@ -9,20 +9,27 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Literal, TypeVar
+
+import pynvml
 
 from sharing_plugin.daemon.node.health_monitor import HealthMonitor
 from sharing_plugin.daemon.node.outcome import Applied, Outcome, Outcomes, Rejected
 from sharing_plugin.daemon.node.pipeline import NodePipeline
 from sharing_plugin.daemon.run.supervisor import Supervisor
 from sharing_plugin.daemon.run_dra.pool import PoolWriter
+from sharing_plugin.gpus.catalog import MigProfileSpec
 from sharing_plugin.kit.tasks import TaskOwner
 from sharing_plugin.kubelet.server import ResourceServer
+from sharing_plugin.nvml.calls import error_name
 from sharing_plugin.plan.model import Plan
 from sharing_plugin.sim.kubelet.simulator import KubeletSimulator
 from sharing_plugin.sim.nvml.mig import SimMigOps
-from sharing_plugin.sim.nvml.node import Fault
+from sharing_plugin.sim.nvml.node import Fault, LoadedNode, preset_names
 from sharing_plugin.sim.nvml.simulated import SimulatedNvml
+from sharing_plugin.sim.nvml.state import SimGpu
 from sharing_plugin.views.dra_api import PublishedDevice
 
 
@@ -159,3 +166,39 @@ def drop_before_stream(kubelet: KubeletSimulator, resource: str, times: int = 1)
     (dial-back and options included), then drop each before its ListAndWatch stream opens: the
     resource's devices count Unhealthy, and nothing ends on the plugin's side."""
     kubelet._drops[resource] = kubelet._drops.get(resource, 0) + times
+
+
+@dataclass(frozen=True, slots=True)
+class MigCall:
+    """One MIG-changing NVML call the simulator received, and how it ended."""
+
+    op: str  # "create_gpu_instance", "destroy_gpu_instance", "create_compute_instance", ...
+    gpu: int
+    profile: str | None  # GPU-instance profile name, when the call concerns one
+    start: int | None
+    result: str  # "SUCCESS" or the NVML_ERROR_* name
+
+
+class RecordingNvml(SimulatedNvml):
+    """The simulated NVML that also keeps every MIG-changing call it received, in `mig_calls`
+    (tests of code that partitions GPUs read and clear it)."""
+
+    def __init__(self, node: LoadedNode, *, mig_mode_needs_reset: bool = False) -> None:
+        self.mig_calls: list[MigCall] = []
+        super().__init__(node, mig_mode_needs_reset=mig_mode_needs_reset)
+
+    def _mig_call_ended(
+        self, op: str, gpu: SimGpu, spec: MigProfileSpec | None, start: int | None, code: int
+    ) -> None:
+        result = "SUCCESS" if code == pynvml.NVML_SUCCESS else error_name(pynvml, code)
+        self.mig_calls.append(MigCall(op, gpu.index, spec.name if spec else None, start, result))
+
+
+def recording_backend(spec: str) -> RecordingNvml:
+    """What `backend_from_spec` makes of a ``simulated:PRESET|PATH`` SPEC, recording."""
+    kind, _, target = spec.partition(":")
+    assert kind == "simulated", f"{spec} names no simulated node"
+    path = Path(target)
+    if target not in preset_names() and (path.exists() or path.suffix in (".yaml", ".yml")):
+        return RecordingNvml.from_file(path)
+    return RecordingNvml.from_preset(target)

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import argparse
 import logging
 from importlib.metadata import version
 from pathlib import Path
@@ -10,7 +11,7 @@ from pathlib import Path
 import pytest
 
 import sharing_plugin
-from sharing_plugin.cli import main
+from sharing_plugin.cli import _REGISTERED_BY, _parser, main
 from sharing_plugin.cli.run import check_socket_paths as _check_socket_paths
 from sharing_plugin.daemon.node.logs import parse_log_level
 from sharing_plugin.errors import KubeletError
@@ -78,3 +79,32 @@ def test_proc_root_comes_from_the_flag_or_proc_root(monkeypatch: pytest.MonkeyPa
     assert run_options(_parser().parse_args(["run"])).proc_root == Path("/host/proc")
     flagged = _parser().parse_args(["run", "--proc-root", "/mnt/proc"])
     assert run_options(flagged).proc_root == Path("/mnt/proc")
+
+
+def _commands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    return {
+        name: sub
+        for action in parser._actions
+        if isinstance(action, argparse._SubParsersAction)
+        for name, sub in action.choices.items()
+    }
+
+
+def test_a_command_line_naming_a_command_builds_that_command_alone() -> None:
+    everything = _commands(_parser())
+    # Every command is known by name, so none falls back to the whole parser unnoticed.
+    assert set(_REGISTERED_BY) == set(everything)
+    for name, whole in everything.items():
+        alone = _commands(_parser(argv=[name]))
+        assert name in alone
+        assert alone[name].format_help() == whole.format_help()
+    assert len(_commands(_parser(argv=["run"]))) == 1
+    # An option or an unknown word first: the whole parser, for its listing or its error.
+    assert _commands(_parser(argv=["--help"])).keys() == everything.keys()
+    assert _commands(_parser(argv=["rnu"])).keys() == everything.keys()
+
+
+def test_an_unknown_command_is_refused_with_the_list(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["rnu"]) == 2
+    err = capsys.readouterr().err
+    assert "invalid choice: 'rnu'" in err and "'run'" in err and "'validate'" in err

@@ -5,14 +5,13 @@ from __future__ import annotations
 from plan_factory import gpu, node, time_slicing
 from prometheus_client.parser import text_string_to_metric_families
 
-from sharing_plugin.gpus.holders import Holder
+from sharing_plugin.gpus.holders import HeldReplica, Holder
 from sharing_plugin.observability.usage import UsageExposition, UsageView, usage_document
 from sharing_plugin.plan import plan
 from sharing_plugin.plan.model import replica_id
 from sharing_plugin.usage.model import (
     DeviceMemory,
     GpuProcess,
-    HeldReplica,
     NvmlUsage,
     UsageSnapshot,
 )

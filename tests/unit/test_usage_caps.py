@@ -7,7 +7,7 @@ from dataclasses import replace
 
 from plan_factory import config, gpu, node
 
-from sharing_plugin.gpus.holders import Holder
+from sharing_plugin.gpus.holders import HeldReplica, Holder
 from sharing_plugin.gpus.inventory import GpuUuid
 from sharing_plugin.plan import plan
 from sharing_plugin.plan.caps import NodeFacts
@@ -18,7 +18,6 @@ from sharing_plugin.usage.model import (
     CgroupRef,
     DeviceMemory,
     GpuProcess,
-    HeldReplica,
     NvmlUsage,
     PodIdentity,
     UsageSnapshot,

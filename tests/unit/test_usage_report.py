@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from plan_factory import gpu, mps, node, time_slicing
 
-from sharing_plugin.gpus.holders import Holder
+from sharing_plugin.gpus.holders import HeldReplica, Holder
 from sharing_plugin.gpus.inventory import GpuUuid
 from sharing_plugin.plan import plan
 from sharing_plugin.plan.model import replica_id
@@ -12,7 +12,6 @@ from sharing_plugin.usage.model import (
     CgroupRef,
     DeviceMemory,
     GpuProcess,
-    HeldReplica,
     NvmlUsage,
     PodIdentity,
     UsageSnapshot,

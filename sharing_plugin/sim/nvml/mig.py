@@ -3,8 +3,8 @@
 Creation follows the model's placement table exactly as the driver does (allowed starts, no
 overlap, per-profile and per-GPU counts, a single "+me" instance), so a layout the simulator
 accepts is one a real GPU accepts. Only creation with an explicit placement is offered: the
-plugin never leaves the start to the driver. Every create/destroy/mode call is recorded in
-`mig_calls` for tests of code that partitions GPUs.
+plugin never leaves the start to the driver. Every create/destroy/mode call ends in
+`_mig_call_ended`, which does nothing here: the tests' recording simulator keeps the calls.
 """
 
 from __future__ import annotations
@@ -33,17 +33,6 @@ _CI_SLICES = {0: 1, 1: 2, 2: 3, 3: 4, 4: 7, 5: 8, 6: 6}
 
 
 @dataclass(frozen=True, slots=True)
-class MigCall:
-    """One MIG-changing NVML call the simulator received, and how it ended."""
-
-    op: str  # "create_gpu_instance", "destroy_gpu_instance", "create_compute_instance", ...
-    gpu: int
-    profile: str | None  # GPU-instance profile name, when the call concerns one
-    start: int | None
-    result: str  # "SUCCESS" or the NVML_ERROR_* name
-
-
-@dataclass(frozen=True, slots=True)
 class SimInstanceInfo:
     """nvmlGpuInstanceGetInfo / nvmlComputeInstanceGetInfo (their structs hold handles, which
     the plugin does not read)."""
@@ -53,19 +42,11 @@ class SimInstanceInfo:
     placement: pynvml.c_nvmlGpuInstancePlacement_t
 
 
-def error_name(code: int) -> str:
-    return next(
-        (n for n in dir(pynvml) if n.startswith("NVML_ERROR_") and getattr(pynvml, n) == code),
-        f"NVML error {code}",
-    )
-
-
 class SimMigOps:
     """MIG functions of the simulated pynvml over `gpus`."""
 
     def __init__(self, gpus: list[SimGpu], *, mig_mode_needs_reset: bool) -> None:
         self.gpus = gpus
-        self.mig_calls: list[MigCall] = []
         self.mig_mode_needs_reset = mig_mode_needs_reset
         self._init_count = 0
         self._mig_lock = threading.Lock()
@@ -100,11 +81,11 @@ class SimMigOps:
         self._alive(handle.gpu)
         return handle
 
-    def _record(
+    def _mig_call_ended(
         self, op: str, gpu: SimGpu, spec: MigProfileSpec | None, start: int | None, code: int
     ) -> None:
-        result = "SUCCESS" if code == pynvml.NVML_SUCCESS else error_name(code)
-        self.mig_calls.append(MigCall(op, gpu.index, spec.name if spec else None, start, result))
+        """A MIG-changing call (`op`: "create_gpu_instance", "set_mig_mode", ...) ended with
+        NVML return `code`. The hook the tests' recording simulator keeps its log through."""
 
     # ---- MIG mode ----
 
@@ -120,12 +101,12 @@ class SimMigOps:
             raise nvml_error(pynvml.NVML_ERROR_NOT_SUPPORTED)
         if not mode and gpu.gpu_instances:
             # The driver refuses to leave MIG mode while GPU instances exist.
-            self._record("set_mig_mode", gpu, None, None, pynvml.NVML_ERROR_IN_USE)
+            self._mig_call_ended("set_mig_mode", gpu, None, None, pynvml.NVML_ERROR_IN_USE)
             raise nvml_error(pynvml.NVML_ERROR_IN_USE)
         gpu.mig_pending = bool(mode)
         if not self.mig_mode_needs_reset:
             gpu.mig_current = gpu.mig_pending  # an idle GPU is reset by the driver right away
-        self._record("set_mig_mode", gpu, None, None, pynvml.NVML_SUCCESS)
+        self._mig_call_ended("set_mig_mode", gpu, None, None, pynvml.NVML_SUCCESS)
         return int(pynvml.NVML_SUCCESS)
 
     # ---- MIG devices ----
@@ -228,10 +209,10 @@ class SimMigOps:
                 else placement_problem(gpu, spec, start, existing=taken)
             )
             if code is not None:
-                self._record("create_gpu_instance", gpu, spec, start, code)
+                self._mig_call_ended("create_gpu_instance", gpu, spec, start, code)
                 raise nvml_error(code)
             gi = add_gpu_instance(gpu, spec, start)
-            self._record("create_gpu_instance", gpu, spec, start, pynvml.NVML_SUCCESS)
+            self._mig_call_ended("create_gpu_instance", gpu, spec, start, pynvml.NVML_SUCCESS)
             return GpuInstanceHandle(gi)
 
     def nvmlDeviceGetGpuInstanceById(self, handle: object, gpuInstanceId: int) -> GpuInstanceHandle:
@@ -250,12 +231,14 @@ class SimMigOps:
         gi = self._gi(gpuInstance)
         with self._mig_lock:
             if gi.compute_instances:
-                self._record(
+                self._mig_call_ended(
                     "destroy_gpu_instance", gi.gpu, gi.spec, gi.start, pynvml.NVML_ERROR_IN_USE
                 )
                 raise nvml_error(pynvml.NVML_ERROR_IN_USE)
             gi.gpu.gpu_instances.remove(gi)
-            self._record("destroy_gpu_instance", gi.gpu, gi.spec, gi.start, pynvml.NVML_SUCCESS)
+            self._mig_call_ended(
+                "destroy_gpu_instance", gi.gpu, gi.spec, gi.start, pynvml.NVML_SUCCESS
+            )
         return int(pynvml.NVML_SUCCESS)
 
     # ---- compute instances ----
@@ -295,16 +278,16 @@ class SimMigOps:
         if slices is None or slices > gi.spec.compute_slices:
             # nvml.h: NOT_SUPPORTED "if profileId isn't supported".
             code = pynvml.NVML_ERROR_NOT_SUPPORTED
-            self._record("create_compute_instance", gi.gpu, gi.spec, gi.start, code)
+            self._mig_call_ended("create_compute_instance", gi.gpu, gi.spec, gi.start, code)
             raise nvml_error(code)
         with self._mig_lock:
             used = sum(ci.slices for ci in gi.compute_instances)
             if used + slices > gi.spec.compute_slices:
                 code = pynvml.NVML_ERROR_INSUFFICIENT_RESOURCES
-                self._record("create_compute_instance", gi.gpu, gi.spec, gi.start, code)
+                self._mig_call_ended("create_compute_instance", gi.gpu, gi.spec, gi.start, code)
                 raise nvml_error(code)
             ci = add_compute_instance(gi, profileId, slices)
-            self._record("create_compute_instance", gi.gpu, gi.spec, gi.start, 0)
+            self._mig_call_ended("create_compute_instance", gi.gpu, gi.spec, gi.start, 0)
             return ComputeInstanceHandle(ci)
 
     def nvmlGpuInstanceGetComputeInstanceById(
@@ -338,7 +321,7 @@ class SimMigOps:
         gi = ci.gpu_instance
         with self._mig_lock:
             gi.compute_instances.remove(ci)
-            self._record("destroy_compute_instance", gi.gpu, gi.spec, gi.start, 0)
+            self._mig_call_ended("destroy_compute_instance", gi.gpu, gi.spec, gi.start, 0)
         return int(pynvml.NVML_SUCCESS)
 
 

@@ -16,7 +16,7 @@ import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 import pynvml
 
@@ -118,11 +118,11 @@ class SimulatedNvml(SimMigOps, SimMemoryLimits, SimIdentity):
         self.processes = SimProcesses(gpus, node)
 
     @classmethod
-    def from_preset(cls, name: str) -> SimulatedNvml:
+    def from_preset(cls, name: str) -> Self:
         return cls(load_preset(name))
 
     @classmethod
-    def from_file(cls, path: Path) -> SimulatedNvml:
+    def from_file(cls, path: Path) -> Self:
         return cls(load_node_file(path))
 
     # ---- faults: what tests and node files inject ----
