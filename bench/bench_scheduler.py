@@ -138,7 +138,7 @@ class Result:
     devices: int  # per node
     setup_s: float
     created_s: float  # first create -> last create answered
-    bound_s: float  # first create -> last bind seen
+    bound_s: float  # first create -> last bind seen (or -> the --timeout)
     latency: tuple[float, float]  # create answered -> bound, p50 / p99
     algorithm_s: float  # the scheduler's mean algorithm time per pod over the batch
     filter_s: float  # DynamicResources Filter, mean per node evaluated
@@ -180,6 +180,7 @@ async def measure(
     await asyncio.sleep(0.5)
 
     async def batch(prefix: str, count: int) -> tuple[float, float, dict[str, float]]:
+        """(seconds to create, seconds to the last bind or to the timeout, creates answered)."""
         pods = [f"{prefix}{i}" for i in range(count)]
         if args.claims == "direct":
             await gathered(
@@ -198,15 +199,16 @@ async def measure(
         start = time.perf_counter()
         await gathered((create(p) for p in pods), width=args.width)
         created = time.perf_counter() - start
-        await binds.all_of(set(pods), within=args.timeout)
-        return start, created, answered
+        done = await binds.all_of(set(pods), within=args.timeout)
+        end = max(binds.at[p] for p in pods) if done else time.perf_counter()
+        return created, end - start, answered
 
     heavy = any("consumesCounters" in d for s in per_node for d in s["spec"].get("devices", ()))
     count = args.counter_pods if heavy else args.pods
     await batch("w", min(args.warmup, count))
     setup = time.perf_counter() - began
     metrics_before = await scheduler_metrics(api, ready["scheduler_port"])
-    start, created, answered = await batch("p", count)
+    created, bound_s, answered = await batch("p", count)
     metrics_after = await scheduler_metrics(api, ready["scheduler_port"])
     load = os.getloadavg()
     watch.cancel()
@@ -222,10 +224,14 @@ async def measure(
         devices=sum(len(s["spec"].get("devices") or ()) for s in per_node),
         setup_s=setup,
         created_s=created,
-        bound_s=max(bound.values()) - start,
-        latency=p50_p99([bound[p] - answered[p] for p in bound]),
+        bound_s=bound_s,
+        latency=p50_p99([bound[p] - answered[p] for p in bound] or [float("nan")]),
         algorithm_s=delta.get("algorithm_sum", 0.0) / max(delta.get("algorithm_count", 0.0), 1.0),
-        filter_s=delta.get("filter_sum", 0.0) / max(delta.get("filter_count", 0.0), 1.0),
+        filter_s=(
+            delta["filter_sum"] / delta["filter_count"]
+            if delta.get("filter_count")
+            else float("nan")  # no Filter sampled (the scheduler samples a share of cycles)
+        ),
         load=load,
     )
 
