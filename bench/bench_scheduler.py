@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import os
 import sys
 import tempfile
@@ -239,6 +240,7 @@ async def measure(
 def report(result: Result, args: argparse.Namespace, log: FigureLog) -> None:
     r = result
     bound = f"{r.pods}" if r.bound == r.pods else f"{r.bound} of {r.pods} (--timeout)"
+    filtered = "not sampled" if math.isnan(r.filter_s) else f"{ms(r.filter_s)} per node"
     claims = "claims from a template" if args.claims == "template" else "claims made beforehand"
     name = (
         f"scheduler throughput, {r.nodes} nodes x 8 H100, {r.shape} "
@@ -249,7 +251,7 @@ def report(result: Result, args: argparse.Namespace, log: FigureLog) -> None:
         f"{r.created_s:.1f} s; create -> bound p50 {ms(r.latency[0])}, p99 {ms(r.latency[1])}); "
         f"scheduler: mean algorithm {ms(r.algorithm_s)} per pod "
         f"(1 / it: {1 / max(r.algorithm_s, 1e-9):.0f} pods/s), "
-        f"DynamicResources Filter {ms(r.filter_s)} per node; "
+        f"DynamicResources Filter {filtered}; "
         f"load {r.load[0]:.2f}; setup {r.setup_s:.0f} s"
     )
     log.add(
