@@ -25,6 +25,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import pytest
+import realcluster
 from kustomize_render import DEPLOY, daemonset_env, render
 from lightkube import AsyncClient
 from lightkube.core.resource_registry import resource_registry
@@ -40,6 +42,17 @@ from realcluster import RealCluster
 
 from sharing_plugin.dra.resources import resource_class
 from sharing_plugin.sources.kube import client_from_kubeconfig
+
+# Every real-cluster test module's `pytestmark`: it runs kubectl and the real binary, skips where
+# they are absent, and may run minutes: the kubelet writes the Node's allocatable every 10 s, a
+# test waits for several of them, and the cluster serves one test at a time.
+CLUSTER_TEST_MARKS = [
+    pytest.mark.realtools,
+    pytest.mark.kubectl,
+    pytest.mark.skipif(not realcluster.AVAILABLE, reason=realcluster.SKIP_REASON),
+    pytest.mark.timeout(300),
+]
+
 
 GPU = "nvidia.com/gpu"
 DRIVER = "gpu.sharing-plugin.io"

@@ -13,22 +13,24 @@ import json
 from pathlib import Path
 from typing import Any
 
-import pytest
 import realcluster
 import yaml
 from lightkube.resources.core_v1 import Event, Pod
 from realapi_support import observed
 from realcluster_state import slices_when
-from realcluster_support import DEPLOY_DRA, DRIVER, GPU, OnNode, on_node, unschedulable
+from realcluster_support import (
+    CLUSTER_TEST_MARKS,
+    DEPLOY_DRA,
+    DRIVER,
+    GPU,
+    OnNode,
+    on_node,
+    unschedulable,
+)
 
 from sharing_plugin.dra.resources import resource_class
 
-pytestmark = [
-    pytest.mark.realtools,
-    pytest.mark.kubectl,
-    pytest.mark.skipif(not realcluster.AVAILABLE, reason=realcluster.SKIP_REASON),
-    pytest.mark.timeout(300),
-]
+pytestmark = CLUSTER_TEST_MARKS
 
 CLAIM = resource_class("resource.k8s.io/v1", "ResourceClaim")
 # Two 80 GB A100s time-sliced four ways (20 GiB a share), one partitioned per claim.

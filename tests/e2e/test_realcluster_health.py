@@ -8,17 +8,11 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-import pytest
 import realcluster
 from realcluster_state import append_fault, held, node_file
-from realcluster_support import GPU, on_node, sliced
+from realcluster_support import CLUSTER_TEST_MARKS, GPU, on_node, sliced
 
-pytestmark = [
-    pytest.mark.realtools,
-    pytest.mark.kubectl,
-    pytest.mark.skipif(not realcluster.AVAILABLE, reason=realcluster.SKIP_REASON),
-    pytest.mark.timeout(300),
-]
+pytestmark = CLUSTER_TEST_MARKS
 
 # Longer than the kubelet's node-status period (10 s): the Node shows the outage before it ends.
 QUIET_S = 15

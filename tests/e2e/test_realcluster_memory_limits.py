@@ -7,18 +7,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import pytest
 import realcluster
 import yaml
-from realcluster_support import GPU, on_node
+from realcluster_support import CLUSTER_TEST_MARKS, GPU, on_node
 from support.cdi_schema import cdi_problems
 
-pytestmark = [
-    pytest.mark.realtools,
-    pytest.mark.kubectl,
-    pytest.mark.skipif(not realcluster.AVAILABLE, reason=realcluster.SKIP_REASON),
-    pytest.mark.timeout(300),  # the kubelet writes allocatable every 10 s; others may hold it
-]
+pytestmark = CLUSTER_TEST_MARKS
 
 T4_MIB = 15_360
 

@@ -16,7 +16,7 @@ import pytest
 import realcluster
 import yaml
 from realcluster_state import held
-from realcluster_support import GPU, OnNode, on_node
+from realcluster_support import CLUSTER_TEST_MARKS, GPU, OnNode, on_node
 from support.mps import alive, pid_of, write_wrapper
 
 from sharing_plugin.backends import backend_from_spec
@@ -26,12 +26,7 @@ from sharing_plugin.plan.allocate import allocate
 from sharing_plugin.plan.model import ContainerAllocation, Plan
 from sharing_plugin.plan.node import plan_node
 
-pytestmark = [
-    pytest.mark.realtools,
-    pytest.mark.kubectl,
-    pytest.mark.skipif(not realcluster.AVAILABLE, reason=realcluster.SKIP_REASON),
-    pytest.mark.timeout(300),
-]
+pytestmark = CLUSTER_TEST_MARKS
 
 MIG_NODE = "simulated:a100-mig-mixed"
 # GPU 3 has MIG on and no instance: the plugin creates two 3g.40gb there before advertising.

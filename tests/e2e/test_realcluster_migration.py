@@ -10,18 +10,20 @@ import asyncio
 import contextlib
 from pathlib import Path
 
-import pytest
 import realcluster
 from plugin_process import PluginProcess
 from realcluster_state import slices_when
-from realcluster_support import DEPLOY_DRA, GPU, OnNode, on_node, sliced, unschedulable
+from realcluster_support import (
+    CLUSTER_TEST_MARKS,
+    DEPLOY_DRA,
+    GPU,
+    OnNode,
+    on_node,
+    sliced,
+    unschedulable,
+)
 
-pytestmark = [
-    pytest.mark.realtools,
-    pytest.mark.kubectl,
-    pytest.mark.skipif(not realcluster.AVAILABLE, reason=realcluster.SKIP_REASON),
-    pytest.mark.timeout(300),
-]
+pytestmark = CLUSTER_TEST_MARKS
 
 L4 = "simulated:workstation"  # one GPU
 DRA_LABEL = "gpu.sharing-plugin.io/dra"

@@ -8,17 +8,11 @@ from __future__ import annotations
 import signal
 from pathlib import Path
 
-import pytest
 import realcluster
 from realcluster_state import held, restarted
-from realcluster_support import GPU, OnNode, on_node, sliced, unschedulable
+from realcluster_support import CLUSTER_TEST_MARKS, GPU, OnNode, on_node, sliced, unschedulable
 
-pytestmark = [
-    pytest.mark.realtools,
-    pytest.mark.kubectl,
-    pytest.mark.skipif(not realcluster.AVAILABLE, reason=realcluster.SKIP_REASON),
-    pytest.mark.timeout(300),
-]
+pytestmark = CLUSTER_TEST_MARKS
 
 T4X4 = "simulated:t4x4"  # four GPUs: eight replicas at two each
 

@@ -9,25 +9,17 @@ import time
 from pathlib import Path
 from typing import Any
 
-import pytest
 import realcluster
 import yaml
 from realcluster_state import held
-from realcluster_support import GPU, STATE_LABEL, on_node, sliced, unschedulable
+from realcluster_support import CLUSTER_TEST_MARKS, GPU, STATE_LABEL, on_node, sliced, unschedulable
 
 from sharing_plugin.backends import backend_from_spec
 from sharing_plugin.config.model import Config
 from sharing_plugin.nvml.discover import discover
 from sharing_plugin.plan import ResourcePlan, plan
 
-pytestmark = [
-    pytest.mark.realtools,
-    pytest.mark.kubectl,
-    pytest.mark.skipif(not realcluster.AVAILABLE, reason=realcluster.SKIP_REASON),
-    # The kubelet writes the Node's allocatable every 10 s, a test waits for several of them,
-    # and for the tests of other workers before it (one holds the cluster at a time).
-    pytest.mark.timeout(300),
-]
+pytestmark = CLUSTER_TEST_MARKS
 
 SHARED = "nvidia.com/gpu.shared"
 T4X4 = "simulated:t4x4"

@@ -8,18 +8,12 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-import pytest
 import realcluster
 from lightkube.resources.core_v1 import Pod
 from realcluster_state import slices_when
-from realcluster_support import DEPLOY_DRA, DRIVER, on_node, sliced
+from realcluster_support import CLUSTER_TEST_MARKS, DEPLOY_DRA, DRIVER, on_node, sliced
 
-pytestmark = [
-    pytest.mark.realtools,
-    pytest.mark.kubectl,
-    pytest.mark.skipif(not realcluster.AVAILABLE, reason=realcluster.SKIP_REASON),
-    pytest.mark.timeout(300),
-]
+pytestmark = CLUSTER_TEST_MARKS
 
 T4X4 = "simulated:t4x4"
 TRIES = 5

@@ -8,16 +8,10 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-import pytest
 import realcluster
-from realcluster_support import GPU, on_node, sliced
+from realcluster_support import CLUSTER_TEST_MARKS, GPU, on_node, sliced
 
-pytestmark = [
-    pytest.mark.realtools,
-    pytest.mark.kubectl,
-    pytest.mark.skipif(not realcluster.AVAILABLE, reason=realcluster.SKIP_REASON),
-    pytest.mark.timeout(300),
-]
+pytestmark = CLUSTER_TEST_MARKS
 
 T4X4 = "simulated:t4x4"  # four GPUs: eight replicas at two each
 
