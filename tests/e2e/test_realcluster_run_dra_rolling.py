@@ -5,6 +5,8 @@ while both serve, then the old one stops (SIGTERM). Every pod runs and every del
 the pool's ResourceSlices are replaced in place once, by the new instance's first publish (same
 objects, same devices, a newer generation) and never deleted; a claim prepared through the old
 instance keeps its CDI spec and is unprepared through the new one; no claim is prepared twice.
+The kubelet forgets the driver's device health when the old instance's health stream ends; the
+new instance tells it again, so the pods' devices show Healthy, not Unknown, within seconds.
 """
 
 from __future__ import annotations
@@ -75,6 +77,10 @@ async def test_claims_are_prepared_and_unprepared_throughout_a_rolling_update(
                 await pods.run("c2")
                 for name in ("a1", "b1", "b2", "c1"):
                     await node.running(namespace, name, within=1)
+                # The kubelet forgot the driver's device health as the old instance's stream
+                # ended (c2's devices showed Unknown); the new instance tells it again.
+                for name in ("a1", "b1", "b2", "c1", "c2"):
+                    await node.pod_when(namespace, name, devices_healthy, within=10)
                 # The old instance's claim kept its spec for its pod; the new one unprepares it.
                 a1 = pods.uids["a1"]
                 assert json.loads(spec_file(cdi, a1).read_text())["devices"]
@@ -140,6 +146,18 @@ class Pods:
         async with asyncio.timeout(10):  # the kubelet unprepares once the containers are gone
             while spec.exists():  # noqa: ASYNC110 -- a file
                 await asyncio.sleep(0.05)
+
+
+def devices_healthy(pod: dict[str, Any]) -> bool:
+    """Whether the pod's status shows every device it holds Healthy (the kubelet's
+    `allocatedResourcesStatus`, from the driver's health stream)."""
+    found = [
+        resource["health"]
+        for container in pod["status"].get("containerStatuses") or ()
+        for status in container.get("allocatedResourcesStatus") or ()
+        for resource in status["resources"]
+    ]
+    return bool(found) and set(found) == {"Healthy"}
 
 
 def spec_file(cdi: Path, uid: str) -> Path:
