@@ -190,6 +190,7 @@ _SECOND_CLUSTER = frozenset(
         "test_realcluster_mig_mps.py",
         "test_realcluster_memory_limits.py",
         "test_realcluster_run_rolling.py",
+        "test_realcluster_run_dra_rolling.py",
     }
 )
 

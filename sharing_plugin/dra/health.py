@@ -10,6 +10,10 @@ The kubelet trusts a status for `health_check_timeout_seconds` after it arrived 
 default: 30 s) and then shows the device as Unknown, so the list is sent again every
 `resend_s` while nothing changes, well within the timeout it is sent with: a plugin that hangs
 still has its devices turn Unknown, one that answers costs one message a minute.
+
+The kubelet forgets the driver's health whenever one of its streams ends, not only that
+stream's: when another instance of the driver stops (a rolling update's old pod), every device
+is Unknown to it until this instance sends again, so `resend()` sends the list at once.
 """
 
 from __future__ import annotations
@@ -54,6 +58,10 @@ class DeviceHealthServicer(health_grpc.DRAResourceHealthServicer):
         if wanted == self._devices:
             return
         self._devices = wanted
+        self.resend()
+
+    def resend(self) -> None:
+        """The open streams send the list again now, changed or not."""
         changed, self._changed = self._changed, asyncio.Event()
         changed.set()
 

@@ -233,6 +233,18 @@ class DraPluginServer:
             and unix_grpc.probe(path) is unix_grpc.SocketState.LIVE
         ]
 
+    async def others_leaving(self, on_left: Callable[[list[Path]], None], *, poll_s: float) -> None:
+        """Call `on_left(their sockets)` whenever other instances that served stop serving
+        (their registration sockets gone or no longer answering), looking every `poll_s`;
+        until cancelled."""
+        serving = set(self.others_serving())
+        while True:
+            await asyncio.sleep(poll_s)
+            now = set(self.others_serving())
+            if left := serving - now:
+                on_left(sorted(left))
+            serving = now
+
     def _remove_stale(self) -> list[Path]:
         """Remove the sockets of this driver's instances that nobody listens on; the live
         registration sockets of other instances."""

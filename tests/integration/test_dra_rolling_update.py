@@ -20,6 +20,8 @@ import pytest
 from dra_harness import DRIVER, dra_running
 
 from sharing_plugin.daemon.run_dra.driver import DraDriver
+from sharing_plugin.dra.api.dra_health.v1alpha1 import api_pb2 as health
+from sharing_plugin.dra.api.dra_health.v1alpha1 import api_pb2_grpc as health_grpc
 from sharing_plugin.dra.checkpoint import Checkpoint, checkpoint_path
 from sharing_plugin.dra.claims import ClaimRef
 
@@ -86,6 +88,43 @@ async def test_two_instances_share_the_claims_and_the_old_one_leaves_without_a_g
                 held = Checkpoint(checkpoint_path(short_dir, DRIVER)).load()
                 assert set(held) == {fourth.uid}
                 assert json.loads(spec_file(short_dir, fourth).read_text())["devices"]
+        finally:
+            await client.close()
+
+
+async def test_the_new_instance_tells_the_health_again_when_the_old_one_leaves(
+    short_dir: Path,
+) -> None:
+    """The 1.36 kubelet forgets the driver's device health when any instance's health stream
+    ends (it showed the devices Unknown on the real cluster): the instance that stays sends
+    the list again once the other left, instead of at its next resend a minute later."""
+    async with dra_running(short_dir, CONFIG) as run:
+        old = run.daemon
+        await run.published(32)
+        client = lightkube.AsyncClient(
+            config=lightkube.KubeConfig.from_file(short_dir / "kubeconfig")
+        )
+        new = DraDriver(old.options, nvml=run.nvml, kube_client=client)
+        try:
+            async with new:
+                async with asyncio.timeout(5):
+                    while len(run.kubelet.instances.get(DRIVER, ())) < 2:  # noqa: ASYNC110
+                        await asyncio.sleep(0.01)
+                assert new.server is not None
+                assert run.kubelet.plugins[DRIVER].endpoint == str(new.server.endpoint)
+                call = health_grpc.DRAResourceHealthStub(
+                    run.kubelet.plugins[DRIVER].channel
+                ).NodeWatchResources(health.NodeWatchResourcesRequest())
+                try:
+                    first = await asyncio.wait_for(call.read(), 2)
+                    await old.close()
+                    again = await asyncio.wait_for(call.read(), 6)
+                finally:
+                    call.cancel()
+                assert len(first.devices) == 32
+                assert [(d.device, d.health) for d in again.devices] == [
+                    (d.device, d.health) for d in first.devices
+                ]
         finally:
             await client.close()
 

@@ -71,6 +71,12 @@ log = logging.getLogger(__name__)
 
 _CLEAR_TIMEOUT_S = 2.0
 _FLUSH_TIMEOUT_S = 1.0
+# How often this instance looks whether another instance of the driver stopped serving, and
+# when, after it noticed, it tells the kubelet the devices' health again: the kubelet forgets
+# the driver's health as that instance's stream ends, which it sees within about a second (its
+# plugin manager looks every second); the second send covers a kubelet that was late.
+_OTHERS_POLL_S = 0.5
+_HEALTH_AGAIN_S = (2.0, 3.0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -176,6 +182,11 @@ class DraDriver(ObservedService[PoolState]):
         )
         await self.server.start()
         self._tasks.spawn(self.keeper.run(), name="publish", eternal=True)
+        self._tasks.spawn(
+            self.server.others_leaving(self._others_left, poll_s=_OTHERS_POLL_S),
+            name="others-leaving",
+            eternal=True,
+        )
 
     async def close(self) -> None:
         await self.pipeline.close()
@@ -204,6 +215,24 @@ class DraDriver(ObservedService[PoolState]):
                 log.warning("removing the ResourceSlices at exit: %s", exc)
         await self.close_metrics_server()
         await self.pipeline.close_client()
+
+    def _others_left(self, sockets: list[Path]) -> None:
+        """Other instances of the driver stopped serving (a rolling update's old pod): the
+        kubelet forgets every device's health when their health streams end (1.36 clears the
+        driver's, not the instance's), so this instance tells it again once it has."""
+        log.info(
+            "another instance of DRA driver %s stopped serving (%s): telling the kubelet the "
+            "devices' health again",
+            self.options.driver_name,
+            ", ".join(p.name for p in sockets),
+        )
+        self._tasks.spawn(self._health_again(), name="health-again")
+
+    async def _health_again(self) -> None:
+        for delay in _HEALTH_AGAIN_S:
+            await asyncio.sleep(delay)
+            if self.health is not None:
+                self.health.resend()
 
     # --- the pipeline's consumer ---------------------------------------------------------------
 
