@@ -314,7 +314,10 @@ async def test_the_plugin_registers_again_after_kubelet_restarts(kubelet: RealKu
         await kubelet.wait_for(holds(kubelet, resource))
         # The manager restarts from its checkpoint and wipes device-plugins/, our socket too.
         kubelet.cmd({"cmd": "restart"})
-        await kubelet.wait_for(lambda: kubelet.capacity(GPU) == (24, 24))
+        try:
+            await kubelet.wait_for(lambda: kubelet.capacity(GPU) == (24, 24))
+        except TimeoutError:
+            raise AssertionError(f"{kubelet.cmd({'cmd': 'devices'})}\n{running.stderr()}") from None
         kubelet.kill_and_start_again()
         await kubelet.wait_for(lambda: kubelet.capacity(GPU) == (24, 24))
         await kubelet.wait_for(holds(kubelet, resource))

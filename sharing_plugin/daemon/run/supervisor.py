@@ -262,6 +262,7 @@ class Supervisor:
 
     async def kubelet_restarted(self) -> None:
         """Kubelet came (back): every resource listens on a fresh socket and registers again."""
+        await self._end_retries(list(self._retries))
         async with self._lock:
             log.info(
                 "kubelet socket (re)created: re-registering %d resource(s)", len(self._servers)
@@ -271,11 +272,24 @@ class Supervisor:
 
     async def socket_removed(self, path: Path) -> None:
         """One of our sockets was deleted (kubelet cleans the directory when it starts)."""
+        await self._end_retries(
+            [name for name, server in self._servers.items() if server.socket_path == path]
+        )
         async with self._lock:
             for server in list(self._servers.values()):
                 if server.socket_path == path:
                     log.info("socket %s of %s was removed: listening again", path, server.name)
                     await self._relisten(server)
+
+    async def _end_retries(self, names: list[str]) -> None:
+        """End the registration retries of `names`, superseded by a fresh socket and
+        registration: a retry may be waiting (holding the lock) on a Register whose dial-back
+        goes to a socket a restarting kubelet just deleted, which kubelet answers only after
+        its 10 s dial deadline."""
+        retries = [task for name in names if (task := self._retries.get(name)) is not None]
+        for task in retries:
+            task.cancel()
+        await asyncio.gather(*retries, return_exceptions=True)
 
     async def _relisten(self, server: ResourceServer) -> None:
         """A fresh socket and a new registration; a kubelet not back yet is retried."""
