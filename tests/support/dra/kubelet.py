@@ -28,7 +28,6 @@ import logging
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import TracebackType
 from typing import Any
 
 import grpc
@@ -47,6 +46,7 @@ from sharing_plugin.dra.api.pluginregistration.v1 import api_pb2 as reg
 from sharing_plugin.dra.api.pluginregistration.v1 import api_pb2_grpc as reg_grpc
 from sharing_plugin.dra.claims import ClaimRef
 from sharing_plugin.kit.fswatch import Change, DirectoryWatch
+from sharing_plugin.kit.lifecycle import Service
 
 log = logging.getLogger(__name__)
 
@@ -73,7 +73,7 @@ class DraPlugin:
     channel: grpc.aio.Channel = field(repr=False)
 
 
-class DraKubeletSimulator:
+class DraKubeletSimulator(Service):
     """See the module docstring."""
 
     def __init__(
@@ -95,17 +95,11 @@ class DraKubeletSimulator:
         self._watch: DirectoryWatch | None = None
         self._task: asyncio.Task[None] | None = None
 
-    async def __aenter__(self) -> DraKubeletSimulator:
+    async def start(self) -> None:
         self.registry.mkdir(parents=True, exist_ok=True)
         await self._start()
-        return self
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    async def close(self) -> None:
         await self._stop()
 
     async def _start(self) -> None:
