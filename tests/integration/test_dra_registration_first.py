@@ -24,15 +24,20 @@ CONFIG = "version: v1\n"
 GPUS = "simulated:t4x4"
 
 
-async def test_slices_wait_for_the_kubelet_to_register_the_driver(short_dir: Path) -> None:
+def run_dra(short_dir: Path, api: FakeKubeApi) -> tuple[list[str], dict[str, str]]:
+    """`run-dra`'s arguments and environment on the fake API's node, in `short_dir`."""
     config = short_dir / "config.yaml"
     config.write_text(CONFIG)
+    api.put_node(NODE, {})
+    args = ["--config", str(config), "--gpus", GPUS, "--node-name", NODE]
+    args += ["--kubelet-dir", str(short_dir), "--cdi-dir", str(short_dir / "cdi")]
+    args += ["--metrics-address", "off"]
+    return args, {"KUBECONFIG": str(api.kubeconfig(short_dir / "kubeconfig"))}
+
+
+async def test_slices_wait_for_the_kubelet_to_register_the_driver(short_dir: Path) -> None:
     async with FakeKubeApi() as api:
-        api.put_node(NODE, {})
-        args = ["--config", str(config), "--gpus", GPUS, "--node-name", NODE]
-        args += ["--kubelet-dir", str(short_dir), "--cdi-dir", str(short_dir / "cdi")]
-        args += ["--metrics-address", "off"]
-        env = {"KUBECONFIG": str(api.kubeconfig(short_dir / "kubeconfig"))}
+        args, env = run_dra(short_dir, api)
 
         def devices() -> int:
             return sum(len(s["spec"]["devices"]) for s in api.dra_objects("resourceslices"))
@@ -51,14 +56,8 @@ async def test_slices_wait_for_the_kubelet_to_register_the_driver(short_dir: Pat
 
 
 async def test_a_kubelet_that_refuses_the_driver_gets_no_slices(short_dir: Path) -> None:
-    config = short_dir / "config.yaml"
-    config.write_text(CONFIG)
     async with FakeKubeApi() as api:
-        api.put_node(NODE, {})
-        args = ["--config", str(config), "--gpus", GPUS, "--node-name", NODE]
-        args += ["--kubelet-dir", str(short_dir), "--cdi-dir", str(short_dir / "cdi")]
-        args += ["--metrics-address", "off"]
-        env = {"KUBECONFIG": str(api.kubeconfig(short_dir / "kubeconfig"))}
+        args, env = run_dra(short_dir, api)
         # A kubelet knowing none of the DRA services the plugin serves refuses it.
         kubelet = DraKubeletSimulator(short_dir, services=("v0.unknown.DRAPlugin",))
         async with kubelet, PluginProcess(args, env, command="run-dra") as plugin:
