@@ -19,7 +19,6 @@ from sharing_plugin.config.options import DRIVER_ROOT_ENV
 from sharing_plugin.daemon.node.options import SourceOptions
 from sharing_plugin.errors import ConfigError, Problem
 from sharing_plugin.nvml.api import NvmlApi
-from sharing_plugin.sim.nvml.node import preset_names
 
 
 def backend_from_spec(spec: str) -> NvmlApi:
@@ -29,6 +28,8 @@ def backend_from_spec(spec: str) -> NvmlApi:
 
         real: NvmlApi = pynvml  # untyped: checked against the Protocol by a unit test
         return real
+    from sharing_plugin.sim.nvml.node import preset_names
+
     kind, sep, target = spec.partition(":")
     if kind != "simulated" or not sep or not target:
         raise ConfigError(

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import signal
+import subprocess
 import sys
 from pathlib import Path
 
@@ -140,3 +141,19 @@ async def test_run_freezes_what_its_start_made(
     # is in the permanent generation, which no later collection walks.
     assert enabled == "True"
     assert int(frozen) > 20_000
+
+
+def test_real_nvml_backend_loads_no_simulator() -> None:
+    """`--gpus nvml` (every real node) gets pynvml without the simulator's node models, whose
+    pydantic schemas cost a start ~10 ms; the presets' names are read only where a spec names
+    the simulator or is wrong."""
+    code = (
+        "import sys\n"
+        "from sharing_plugin.backends import backend_from_spec\n"
+        "assert backend_from_spec('nvml').__name__ == 'pynvml'\n"
+        "print(' '.join(sorted(m for m in sys.modules if m.startswith('sharing_plugin.sim'))))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], env=child_env(), capture_output=True, text=True, check=True
+    )
+    assert done.stdout.split() == []
