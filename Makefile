@@ -54,7 +54,7 @@ api: $(STAMP)
 clean:
 	rm -rf $(VENV) build/venv-min .pytest_cache .mypy_cache .ruff_cache
 
-# Every benchmark of bench/, each bounded (the whole run <= 5 min on 2 cores); rewrites the
+# Every benchmark of bench/, each bounded (the whole run <= 7 min on 2 cores); rewrites the
 # results table in bench/README.md.
 .PHONY: bench
 bench: $(STAMP)
