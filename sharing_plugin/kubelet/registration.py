@@ -7,6 +7,7 @@ kubelet's so that its own, more precise, error message is the one we report.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import grpc
@@ -18,9 +19,22 @@ from sharing_plugin.kubelet.api.deviceplugin.v1beta1 import api_pb2_grpc as dp_g
 
 REGISTER_TIMEOUT_S = 15.0
 
+KubeletSocketId = tuple[int, int, int]
+"""Which `kubelet.sock` file: device, inode and change time. A restarted kubelet listens on a
+new file, so a registration made through an earlier one did not reach it."""
+
 
 def registration_socket(kubelet_dir: Path) -> Path:
     return Path(kubelet_dir) / DEVICE_PLUGINS_DIR / KUBELET_SOCKET
+
+
+def kubelet_socket_id(kubelet_dir: Path) -> KubeletSocketId | None:
+    """The `kubelet.sock` there now; None when there is none."""
+    try:
+        found = os.stat(registration_socket(kubelet_dir))
+    except OSError:
+        return None
+    return (found.st_dev, found.st_ino, found.st_ctime_ns)
 
 
 async def register(
@@ -30,14 +44,17 @@ async def register(
     resource_name: str,
     options: dp.DevicePluginOptions,
     timeout: float = REGISTER_TIMEOUT_S,  # noqa: ASYNC109 -- a gRPC deadline, not a wait
-) -> None:
-    """Register `resource_name` served on `<kubelet_dir>/device-plugins/<endpoint>`.
+) -> KubeletSocketId:
+    """Register `resource_name` served on `<kubelet_dir>/device-plugins/<endpoint>`; the
+    `kubelet.sock` it went through, as found before dialling (one replaced in between makes the
+    registration look older than it is, never newer).
 
     Raises KubeletError with kubelet's own message when it refuses, or saying what to check
     when its socket is missing or does not answer.
     """
     socket = registration_socket(kubelet_dir)
-    if not socket.exists():
+    dialled = kubelet_socket_id(kubelet_dir)
+    if dialled is None:
         raise KubeletError(
             f"cannot register {resource_name}: kubelet's registration socket {socket} does not "
             "exist; is kubelet running, and is --kubelet-dir its root directory?"
@@ -60,3 +77,4 @@ async def register(
                 f"kubelet refused to register {resource_name} (endpoint {endpoint}): "
                 f"{exc.details()}"
             ) from exc
+    return dialled

@@ -122,6 +122,7 @@ class ResourceServer:
         self._lingering = lingering if lingering is not None else set()
         self._registered = False
         self._registered_at_ns = 0  # wall clock of our last registration
+        self._registered_through: registration.KubeletSocketId | None = None
         self._on_lost = on_lost
         self._watch = StreamWatch(self._name, self._no_stream)
         self._lock = asyncio.Lock()
@@ -139,6 +140,15 @@ class ResourceServer:
     @property
     def registered(self) -> bool:
         return self._registered
+
+    def registered_with(self, kubelet_socket: registration.KubeletSocketId | None) -> bool:
+        """Whether our registration stands with the kubelet listening on `kubelet_socket`
+        (`registration.kubelet_socket_id` now): not when it was made through an earlier one."""
+        return (
+            self._registered
+            and kubelet_socket is not None
+            and self._registered_through == kubelet_socket
+        )
 
     @property
     def resource(self) -> ResourcePlan:
@@ -294,7 +304,7 @@ class ResourceServer:
         self._watch.cancel()
         opened_before = listener.servicer.opened
         try:
-            await registration.register(
+            through = await registration.register(
                 self._kubelet_dir,
                 endpoint=listener.path.name,
                 resource_name=self._name,
@@ -307,6 +317,7 @@ class ResourceServer:
             raise
         self._set_registered(True)
         self._registered_at_ns = time.time_ns()
+        self._registered_through = through
         self._watch.expect(listener.servicer, opened_before=opened_before)
         if self._metrics is not None:
             self._metrics.count_registration(self._name, ok=True)

@@ -254,7 +254,8 @@ class CapacityMachine(RuleBasedStateMachine):
         # 5: no socket of ours but the live ones.
         ours = set(k.plugin_dir.glob("sharing-*.sock"))
         if ours != set(d.supervisor.own_sockets()):
-            problems.append(f"sockets {sorted(p.name for p in ours)} are not the live ones")
+            live = sorted(p.name for p in d.supervisor.own_sockets())
+            problems.append(f"sockets {sorted(p.name for p in ours)} are not the live ones {live}")
         return problems
 
     @invariant()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 from pathlib import Path
@@ -18,6 +19,7 @@ from support.observe import (
 
 from sharing_plugin.backends import backend_from_spec
 from sharing_plugin.daemon.run.app import NodeDevicePlugin
+from sharing_plugin.kubelet.watch import DEBOUNCE_S
 from sharing_plugin.nvml.discover import discover
 from sharing_plugin.plan import plan
 from sharing_plugin.sim.kubelet.simulator import KubeletSimulator
@@ -78,6 +80,24 @@ async def test_kubelet_restart_reregisters_every_resource_on_a_new_socket(
         assert all(before[n] != after[n] and after[n] is not None for n in before)
         assert all(p is not None and p.exists() for p in after.values())
         assert run.capacity() == {"nvidia.com/gpu": 16}
+
+
+async def test_kubelet_restart_registers_each_resource_once(short_dir: Path) -> None:
+    """The restarted kubelet ends our streams and creates its socket: two signals of one
+    restart. Each resource registers with the new kubelet once; the second signal finds it
+    registered there and leaves its endpoint alone (a second registration would make kubelet
+    swap the endpoint it just dialled, and leave our old socket closing after we settled)."""
+    async with running(short_dir, TIME_SLICING) as run:
+        await run.kubelet.restart()
+        await run.settled()
+        after = {s.name: s.socket_path for s in servers(run.daemon.supervisor).values()}
+        # Past the watch's debounce, by which the socket's creation has been handled.
+        await asyncio.sleep(4 * DEBOUNCE_S)
+        await run.settled()
+        assert sorted((r.resource, r.endpoint) for r in run.kubelet.registrations) == sorted(
+            (name, path.name) for name, path in after.items() if path is not None
+        )
+        assert {s.name: s.socket_path for s in servers(run.daemon.supervisor).values()} == after
 
 
 async def test_a_registration_kubelet_drops_before_its_stream_opens_is_registered_again(

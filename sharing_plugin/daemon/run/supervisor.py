@@ -32,6 +32,7 @@ from sharing_plugin.errors import KubeletError
 from sharing_plugin.kit.tasks import TaskOwner, raise_if_cancelled
 from sharing_plugin.kubelet.grants import RECORD_WINDOW_S, GrantLedger
 from sharing_plugin.kubelet.podresources import LastAnswer, PodResourcesClient
+from sharing_plugin.kubelet.registration import kubelet_socket_id
 from sharing_plugin.kubelet.server import (
     AllocateContext,
     ResourceServer,
@@ -261,13 +262,22 @@ class Supervisor:
         self._retries[server.name] = self._tasks.spawn(retry(), name=f"register:{server.name}")
 
     async def kubelet_restarted(self) -> None:
-        """Kubelet came (back): every resource listens on a fresh socket and registers again."""
+        """Kubelet came (back): every resource listens on a fresh socket and registers again,
+        but one already registered with the kubelet now listening. The end of its stream told
+        that resource first (`_registration_lost`), and a second registration would make kubelet
+        swap the endpoint it just dialled for another."""
         await self._end_retries(list(self._retries))
         async with self._lock:
+            current = kubelet_socket_id(self._kubelet_dir)
+            behind = [s for s in self._servers.values() if not s.registered_with(current)]
             log.info(
-                "kubelet socket (re)created: re-registering %d resource(s)", len(self._servers)
+                "kubelet socket (re)created: re-registering %d resource(s)%s",
+                len(behind),
+                f" ({len(self._servers) - len(behind)} already registered with it)"
+                if len(behind) < len(self._servers)
+                else "",
             )
-            for server in list(self._servers.values()):
+            for server in behind:
                 await self._relisten(server)
 
     async def socket_removed(self, path: Path) -> None:
