@@ -19,7 +19,6 @@ from support.observe import (
 
 from sharing_plugin.backends import backend_from_spec
 from sharing_plugin.daemon.run.app import NodeDevicePlugin
-from sharing_plugin.kubelet.watch import DEBOUNCE_S
 from sharing_plugin.nvml.discover import discover
 from sharing_plugin.plan import plan
 from sharing_plugin.sim.kubelet.simulator import KubeletSimulator
@@ -82,17 +81,24 @@ async def test_kubelet_restart_reregisters_every_resource_on_a_new_socket(
         assert run.capacity() == {"nvidia.com/gpu": 16}
 
 
-async def test_kubelet_restart_registers_each_resource_once(short_dir: Path) -> None:
+async def test_kubelet_restart_registers_each_resource_once(
+    short_dir: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     """The restarted kubelet ends our streams and creates its socket: two signals of one
     restart. Each resource registers with the new kubelet once; the second signal finds it
     registered there and leaves its endpoint alone (a second registration would make kubelet
     swap the endpoint it just dialled, and leave our old socket closing after we settled)."""
+    caplog.set_level(logging.INFO, logger="sharing_plugin")
     async with running(short_dir, TIME_SLICING) as run:
         await run.kubelet.restart()
         await run.settled()
         after = {s.name: s.socket_path for s in servers(run.daemon.supervisor).values()}
-        # Past the watch's debounce, by which the socket's creation has been handled.
-        await asyncio.sleep(4 * DEBOUNCE_S)
+        # Both signals handled: the watch has seen kubelet.sock created, and a registration it
+        # would start (milliseconds against the simulator) has had time to reach kubelet.
+        await eventually(
+            lambda: any("kubelet socket (re)created" in r.getMessage() for r in caplog.records)
+        )
+        await asyncio.sleep(0.2)
         await run.settled()
         assert sorted((r.resource, r.endpoint) for r in run.kubelet.registrations) == sorted(
             (name, path.name) for name, path in after.items() if path is not None
