@@ -252,10 +252,10 @@ class CapacityMachine(RuleBasedStateMachine):
         if (status["lastError"] is not None) != self.broken:
             problems.append(f"lastError is {status['lastError']!r} (broken edit: {self.broken})")
         # 5: no socket of ours but the live ones.
-        ours = set(k.plugin_dir.glob("sharing-*.sock"))
-        if ours != set(d.supervisor.own_sockets()):
-            live = sorted(p.name for p in d.supervisor.own_sockets())
-            problems.append(f"sockets {sorted(p.name for p in ours)} are not the live ones {live}")
+        ours, live = set(k.plugin_dir.glob("sharing-*.sock")), set(d.supervisor.own_sockets())
+        if ours != live:
+            names = sorted(p.name for p in ours), sorted(p.name for p in live)
+            problems.append("sockets {} are not the live ones {}".format(*names))
         return problems
 
     @invariant()

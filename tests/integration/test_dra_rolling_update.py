@@ -13,11 +13,13 @@ import asyncio
 import json
 import logging
 import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 import lightkube
 import pytest
-from dra_harness import DRIVER, dra_running
+from dra_harness import DRIVER, DraRun, dra_running
 
 from sharing_plugin.daemon.run_dra.driver import DraDriver
 from sharing_plugin.dra.api.dra_health.v1alpha1 import api_pb2 as health
@@ -36,6 +38,24 @@ def spec_file(root: Path, ref: ClaimRef) -> Path:
     return root / "cdi" / f"{DRIVER}-claim_{ref.uid}.json"
 
 
+@asynccontextmanager
+async def second_instance(run: DraRun, kubeconfig: Path) -> AsyncIterator[DraDriver]:
+    """A second `run-dra` with the first one's options, once the kubelet knows both and calls
+    the new one (a rolling update's surge instance)."""
+    client = lightkube.AsyncClient(config=lightkube.KubeConfig.from_file(kubeconfig))
+    new = DraDriver(run.daemon.options, nvml=run.nvml, kube_client=client)
+    try:
+        async with new:
+            async with asyncio.timeout(5):
+                while len(run.kubelet.instances.get(DRIVER, ())) < 2:  # noqa: ASYNC110
+                    await asyncio.sleep(0.01)
+            assert new.server is not None
+            assert run.kubelet.plugins[DRIVER].endpoint == str(new.server.endpoint)
+            yield new
+    finally:
+        await client.close()
+
+
 async def test_two_instances_share_the_claims_and_the_old_one_leaves_without_a_gap(
     short_dir: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -45,51 +65,40 @@ async def test_two_instances_share_the_claims_and_the_old_one_leaves_without_a_g
         before = await run.published(32)
         first = run.claim("first", SHARED)
         assert (await run.prepare(first)).error == ""
-        client = lightkube.AsyncClient(
-            config=lightkube.KubeConfig.from_file(short_dir / "kubeconfig")
-        )
-        new = DraDriver(old.options, nvml=run.nvml, kube_client=client)
-        try:
-            async with new:
-                async with asyncio.timeout(5):
-                    while len(run.kubelet.instances.get(DRIVER, ())) < 2:  # noqa: ASYNC110
-                        await asyncio.sleep(0.01)
-                assert run.kubelet.plugins[DRIVER].endpoint == str(new.server.endpoint)
-                assert new.preparer is not None and old.preparer is not None
-                second, third = run.claim("second", SHARED), run.claim("third", SHARED)
-                assert (await run.prepare(second)).error == ""  # the kubelet calls the new one
+        async with second_instance(run, short_dir / "kubeconfig") as new:
+            assert new.preparer is not None and old.preparer is not None
+            second, third = run.claim("second", SHARED), run.claim("third", SHARED)
+            assert (await run.prepare(second)).error == ""  # the kubelet calls the new one
 
-                # Interleaved: each instance prepares and unprepares claims the other prepared.
-                prepared, unprepared = await asyncio.gather(
-                    old.preparer.prepare([third]), new.preparer.unprepare([first])
-                )
-                assert prepared[third.uid].error == "" and unprepared[first.uid] == ""
-                assert set(old.preparer.prepared) == set(new.preparer.prepared)
-                assert set(new.preparer.prepared) == {second.uid, third.uid}
-                # Both asked to unprepare one claim: it is undone once, both answer success.
-                answers = await asyncio.gather(
-                    old.preparer.unprepare([second]), new.preparer.unprepare([second])
-                )
-                assert answers == [{second.uid: ""}, {second.uid: ""}]
-                undone = [r for r in caplog.records if second.uid in r.getMessage()]
-                assert [r.getMessage().split(" ")[0] for r in undone] == ["prepared", "unprepared"]
-                assert not spec_file(short_dir, first).exists()
-                assert not spec_file(short_dir, second).exists()
+            # Interleaved: each instance prepares and unprepares claims the other prepared.
+            prepared, unprepared = await asyncio.gather(
+                old.preparer.prepare([third]), new.preparer.unprepare([first])
+            )
+            assert prepared[third.uid].error == "" and unprepared[first.uid] == ""
+            assert set(old.preparer.prepared) == set(new.preparer.prepared)
+            assert set(new.preparer.prepared) == {second.uid, third.uid}
+            # Both asked to unprepare one claim: it is undone once, both answer success.
+            answers = await asyncio.gather(
+                old.preparer.unprepare([second]), new.preparer.unprepare([second])
+            )
+            assert answers == [{second.uid: ""}, {second.uid: ""}]
+            undone = [r for r in caplog.records if second.uid in r.getMessage()]
+            assert [r.getMessage().split(" ")[0] for r in undone] == ["prepared", "unprepared"]
+            assert not spec_file(short_dir, first).exists()
+            assert not spec_file(short_dir, second).exists()
 
-                # The old one leaves (with --clear-slices-on-exit): the new one keeps serving.
-                await old.close()
-                assert not old.server.endpoint.exists()
-                assert new.server.endpoint.exists() and new.server.registration_path.exists()
-                assert run.kubelet.plugins[DRIVER].endpoint == str(new.server.endpoint)
-                assert len(run.devices()) == len(before)
-                fourth = run.claim("fourth", SHARED)
-                assert (await run.prepare(fourth)).error == ""
-                assert await run.unprepare(third) == ""  # prepared by the old one
-                held = Checkpoint(checkpoint_path(short_dir, DRIVER)).load()
-                assert set(held) == {fourth.uid}
-                assert json.loads(spec_file(short_dir, fourth).read_text())["devices"]
-        finally:
-            await client.close()
+            # The old one leaves (with --clear-slices-on-exit): the new one keeps serving.
+            await old.close()
+            assert not old.server.endpoint.exists()
+            assert new.server.endpoint.exists() and new.server.registration_path.exists()
+            assert run.kubelet.plugins[DRIVER].endpoint == str(new.server.endpoint)
+            assert len(run.devices()) == len(before)
+            fourth = run.claim("fourth", SHARED)
+            assert (await run.prepare(fourth)).error == ""
+            assert await run.unprepare(third) == ""  # prepared by the old one
+            held = Checkpoint(checkpoint_path(short_dir, DRIVER)).load()
+            assert set(held) == {fourth.uid}
+            assert json.loads(spec_file(short_dir, fourth).read_text())["devices"]
 
 
 async def test_the_new_instance_tells_the_health_again_when_the_old_one_leaves(
@@ -101,32 +110,21 @@ async def test_the_new_instance_tells_the_health_again_when_the_old_one_leaves(
     async with dra_running(short_dir, CONFIG) as run:
         old = run.daemon
         await run.published(32)
-        client = lightkube.AsyncClient(
-            config=lightkube.KubeConfig.from_file(short_dir / "kubeconfig")
-        )
-        new = DraDriver(old.options, nvml=run.nvml, kube_client=client)
-        try:
-            async with new:
-                async with asyncio.timeout(5):
-                    while len(run.kubelet.instances.get(DRIVER, ())) < 2:  # noqa: ASYNC110
-                        await asyncio.sleep(0.01)
-                assert new.server is not None
-                assert run.kubelet.plugins[DRIVER].endpoint == str(new.server.endpoint)
-                call = health_grpc.DRAResourceHealthStub(
-                    run.kubelet.plugins[DRIVER].channel
-                ).NodeWatchResources(health.NodeWatchResourcesRequest())
-                try:
-                    first = await asyncio.wait_for(call.read(), 2)
-                    await old.close()
-                    again = await asyncio.wait_for(call.read(), 6)
-                finally:
-                    call.cancel()
-                assert len(first.devices) == 32
-                assert [(d.device, d.health) for d in again.devices] == [
-                    (d.device, d.health) for d in first.devices
-                ]
-        finally:
-            await client.close()
+        async with second_instance(run, short_dir / "kubeconfig") as new:
+            assert new.server is not None
+            call = health_grpc.DRAResourceHealthStub(
+                run.kubelet.plugins[DRIVER].channel
+            ).NodeWatchResources(health.NodeWatchResourcesRequest())
+            try:
+                first = await asyncio.wait_for(call.read(), 2)
+                await old.close()
+                again = await asyncio.wait_for(call.read(), 6)
+            finally:
+                call.cancel()
+            assert len(first.devices) == 32
+            assert [(d.device, d.health) for d in again.devices] == [
+                (d.device, d.health) for d in first.devices
+            ]
 
 
 _WRITER = """

@@ -145,7 +145,7 @@ async def test_run_freezes_what_its_start_made(
 
 def test_real_nvml_backend_loads_no_simulator() -> None:
     """`--gpus nvml` (every real node) gets pynvml without the simulator's node models, whose
-    pydantic schemas cost a start ~10 ms; the presets' names are read only where a spec names
+    pydantic schemas cost a start ~25 ms; the presets' names are read only where a spec names
     the simulator or is wrong."""
     code = (
         "import sys\n"
